@@ -1,0 +1,522 @@
+"""Building a store: decode in worker processes, write shards, publish atomically.
+
+The coordinator plans the rows into shards, hands whole shards to workers
+(never two writers in one shard), then writes the index and the metadata and
+publishes the finished directory with a single ``rename``. Everything before
+the rename happens in a hidden sibling directory, so a failed or killed build
+leaves nothing at the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing
+import os
+import pickle
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from tqdm.auto import tqdm
+
+from ._errors import BuildError, StoreExistsError
+from ._format import (
+    ATTR_KEY,
+    INDEX_ARRAYS,
+    VECTORS,
+    index_array_metadata,
+    shard_key,
+    vectors_metadata,
+)
+from ._jsonio import fsync_dir, write_bytes_durable, write_json_durable
+from ._keys import encode_key, hash_encoded, normalize_keys
+from ._loader import ImageLoader
+from ._shard import write_shard
+from ._spec import StoreSpec
+from ._store import CacheStore, open_store
+
+__all__ = ["build_store", "default_workers", "load_item"]
+
+Loader = Callable[[str], Any]
+
+#: Target size of one shard file.
+SHARD_BYTES = 32 << 20
+_TMP_MARK = ".tsc-build-"
+
+
+def default_workers() -> int:
+    """Return the number of cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def load_item(loader: Loader, key: str, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> npt.NDArray[Any]:
+    """Call ``loader`` on ``key`` and check the result's shape and dtype."""
+    value = np.asarray(loader(key))
+    if shape is not None and value.shape != shape:
+        raise ValueError(
+            f"the loader returned shape {value.shape}, but every item must have shape {shape}"
+        )
+    if value.dtype != dtype:
+        if not np.can_cast(value.dtype, dtype, "same_kind"):
+            raise TypeError(
+                f"the loader returned {value.dtype}, which cannot be stored as {dtype} "
+                f"without changing its kind; return {dtype} or pass dtype={value.dtype.name!r}"
+            )
+        value = value.astype(dtype)
+    return value
+
+
+def _source_identity(key: str) -> tuple[int, int]:
+    try:
+        st = os.stat(key)
+    except OSError:
+        return -1, -1
+    return st.st_size, st.st_mtime_ns
+
+
+@dataclass(slots=True)
+class ShardTask:
+    """Everything a worker needs to produce one shard (picklable)."""
+
+    root: str
+    rel: str
+    keys: list[str]
+    loader: Loader
+    dtype: str
+    item_shape: tuple[int, ...]
+    rows_per_shard: int
+    write_on_failure: bool
+
+
+@dataclass(slots=True)
+class ShardResult:
+    """What a worker reports back for one shard."""
+
+    rel: str
+    size: int = 0
+    checksum: str = ""
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    source_size: list[int] = field(default_factory=list)
+    source_mtime_ns: list[int] = field(default_factory=list)
+
+
+def run_shard(task: ShardTask) -> ShardResult:
+    """Decode every key of one shard and write the shard file (in a worker)."""
+    dtype = np.dtype(task.dtype)
+    block = np.zeros((len(task.keys), *task.item_shape), dtype=dtype)
+    result = ShardResult(task.rel)
+    for i, key in enumerate(task.keys):
+        size, mtime = _source_identity(key)
+        result.source_size.append(size)
+        result.source_mtime_ns.append(mtime)
+        try:
+            block[i] = load_item(task.loader, key, dtype, task.item_shape)
+        except Exception as exc:  # every failure is reported, none stops the build
+            result.failures.append((i, f"{type(exc).__name__}: {exc}"))
+    if result.failures and not task.write_on_failure:
+        return result
+    path = Path(task.root) / task.rel
+    result.size, result.checksum = write_shard(path, block, task.rows_per_shard)
+    for d in (path.parent, path.parent.parent, path.parent.parent.parent):
+        fsync_dir(d)
+    return result
+
+
+def _rows_per_shard(n: int, item_nbytes: int, workers: int) -> int:
+    cap = max(1, SHARD_BYTES // max(item_nbytes, 1))
+    # ~4 shards per worker so that work balances and progress moves, but no tiny shards
+    return max(1, min(cap, max(math.ceil(n / (4 * workers)), min(n, 64))))
+
+
+def _tmp_sibling(out: Path) -> Path:
+    host = socket.gethostname().replace("-", "_")
+    return out.parent / f".{out.name}{_TMP_MARK}{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def collect_debris(out: Path, max_age_s: float = 24 * 3600.0) -> None:
+    """Remove temporary build directories of ``out`` left by dead builders."""
+    prefix = f".{out.name}{_TMP_MARK}"
+    host = socket.gethostname().replace("-", "_")
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        owner = entry.name[len(prefix):].split("-")
+        dead = False
+        if len(owner) == 3 and owner[0] == host and owner[1].isdigit():
+            try:
+                os.kill(int(owner[1]), 0)
+            except ProcessLookupError:
+                dead = True
+            except PermissionError:
+                pass
+        try:
+            old = time.time() - entry.stat().st_mtime > max_age_s
+        except OSError:
+            continue
+        if dead or old:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _resolve_loader(
+    loader: Loader | None, loader_id: str | None, size: tuple[int, int], dtype: str
+) -> tuple[Loader, str, dict[str, Any], tuple[int, ...] | None]:
+    if loader is None:
+        image = ImageLoader(size=size, dtype=dtype)
+        return image, loader_id or image.loader_id, dict(image.params), image.item_shape
+    if not callable(loader):
+        raise TypeError(f"loader must be a callable path -> array, got {loader!r}")
+    params = dict(getattr(loader, "params", {}) or {})
+    ident = loader_id or f"{getattr(loader, '__module__', '?')}.{getattr(loader, '__qualname__', type(loader).__qualname__)}"
+    return loader, ident, params, getattr(loader, "item_shape", None)
+
+
+def _probe_shape(loader: Loader, keys: list[str], dtype: np.dtype[Any]) -> tuple[int, ...] | None:
+    for key in keys:
+        try:
+            return tuple(load_item(loader, key, dtype, None).shape)
+        except Exception:
+            continue
+    return None
+
+
+def _write_index(
+    root: Path, keys: list[str], sizes: npt.NDArray[np.int64], mtimes: npt.NDArray[np.int64]
+) -> tuple[dict[str, list[Any]], int]:
+    """Write the index arrays and their metadata; return their file entries."""
+    encoded = [encode_key(k) for k in keys]
+    hashes = hash_encoded(encoded)
+    order = np.argsort(hashes, kind="stable")
+    lengths = np.fromiter((len(e) for e in encoded), dtype=np.uint64, count=len(encoded))
+    offsets = np.zeros(len(keys) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=offsets[1:])
+    arrays: dict[str, npt.NDArray[Any]] = {
+        "key_hash": hashes[order],
+        "key_row": order.astype(np.int64),
+        "key_offsets": offsets,
+        "key_bytes": np.frombuffer(b"".join(encoded), dtype=np.uint8),
+        "source_size": sizes,
+        "source_mtime_ns": mtimes,
+    }
+    files: dict[str, list[Any]] = {}
+    import xxhash
+
+    for name, dtype in INDEX_ARRAYS.items():
+        data = np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<"))
+        (root / name).mkdir()
+        write_json_durable(root / name / "zarr.json", index_array_metadata(name, len(data)))
+        files[f"{name}/zarr.json"] = _file_entry(root / name / "zarr.json")
+        if len(data):
+            (root / name / "c").mkdir()
+            raw = data.tobytes()
+            write_bytes_durable(root / name / "c" / "0", raw)
+            files[f"{name}/c/0"] = [len(raw), xxhash.xxh3_128_hexdigest(raw)]
+            fsync_dir(root / name / "c")
+        fsync_dir(root / name)
+    return files, int(arrays["key_bytes"].nbytes)
+
+
+def _file_entry(path: Path) -> list[Any]:
+    from ._shard import file_checksum
+
+    size, digest = file_checksum(path)
+    return [size, digest]
+
+
+def _compact(root: Path, spec: StoreSpec, old_rows: list[int], keep: npt.NDArray[np.bool_]) -> tuple[StoreSpec, dict[str, list[Any]]]:
+    """Rewrite the shards without the rows that failed (``on_error="skip"``)."""
+    old_dir = root / VECTORS
+    new_dir = root / (VECTORS + ".compact")
+    s = spec.rows_per_shard
+    kept = np.flatnonzero(keep)
+    new_spec = dataclasses.replace(spec, n=len(kept))
+    files: dict[str, list[Any]] = {}
+    dtype = np.dtype(spec.dtype).newbyteorder("<")
+    maps: dict[int, npt.NDArray[Any]] = {}
+
+    def old_block(k: int) -> npt.NDArray[Any]:
+        if k not in maps:
+            rel = shard_key(spec, k)
+            rows = old_rows[k]
+            maps[k] = np.memmap(root / rel, dtype=dtype, mode="r", shape=(rows, *spec.item_shape))
+        return maps[k]
+
+    for j in range(math.ceil(len(kept) / s)):
+        chunk = kept[j * s : (j + 1) * s]
+        block = np.empty((len(chunk), *spec.item_shape), dtype=dtype)
+        for i, row in enumerate(chunk.tolist()):
+            block[i] = old_block(row // s)[row % s]
+        rel = shard_key(new_spec, j)
+        size, digest = write_shard(new_dir.parent / rel.replace(VECTORS, new_dir.name, 1), block, s)
+        files[rel] = [size, digest]
+    maps.clear()
+    shutil.rmtree(old_dir)
+    if new_dir.exists():
+        new_dir.rename(old_dir)
+    old_dir.mkdir(exist_ok=True)
+    return new_spec, files
+
+
+def build_store(
+    paths: Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    size: tuple[int, int] = (32, 32),
+    dtype: str = "float32",
+    loader: Loader | None = None,
+    loader_id: str | None = None,
+    workers: int | None = None,
+    on_error: str = "raise",
+    progress: bool = True,
+    overwrite: bool = False,
+    executor: Executor | None = None,
+) -> CacheStore:
+    """Build a store of one vector per distinct path, publish it atomically, open it.
+
+    Parameters
+    ----------
+    paths
+        Source paths: any iterable of ``str``/``os.PathLike`` (a list, a pandas
+        Series, ...). Duplicates are stored once; rows follow first appearance.
+    out
+        The store directory to create.
+    size
+        ``(height, width)`` of the default image loader.
+    dtype
+        Element type stored: ``"float32"`` (values of ``ToTensor``) or
+        ``"uint8"`` (0..255, four times smaller; see :func:`to_float32`).
+    loader
+        Any picklable callable ``path -> array`` of one fixed shape, used
+        instead of the image loader.
+    loader_id
+        A string naming the loader and its version, recorded in the spec.
+    workers
+        Worker processes (default: every core). ``1`` builds in this process.
+    on_error
+        ``"raise"`` (default): if any source fails, raise :class:`BuildError`
+        listing every failure and publish nothing. ``"skip"``: build the rest
+        and record the skipped paths in ``spec.skipped``.
+    progress
+        Show a progress bar with items/s.
+    overwrite
+        Replace an existing store at ``out``.
+    executor
+        A :class:`concurrent.futures.Executor` to run the shard tasks on
+        instead of a local process pool (e.g. a Dask client's executor); the
+        target must be on a filesystem its workers share.
+
+    Returns
+    -------
+    CacheStore
+        The published store, open.
+
+    Raises
+    ------
+    BuildError
+        If sources failed and ``on_error="raise"``.
+    StoreExistsError
+        If ``out`` exists and ``overwrite`` is false.
+
+    Examples
+    --------
+    >>> store = build_store(df["img_path"], "covers.tsc", size=(32, 32))  # doctest: +SKIP
+    >>> store[df["img_path"][0]].shape                                     # doctest: +SKIP
+    (3, 32, 32)
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    target = Path(os.fspath(out))
+    if (target.exists() or target.is_symlink()) and not overwrite:
+        raise StoreExistsError(
+            f"{str(target)!r} already exists; pass overwrite=True to replace it, or open it "
+            "with tensorstore_cache.open_store"
+        )
+    np_dtype = np.dtype(dtype)
+    fn, ident, params, item_shape = _resolve_loader(loader, loader_id, size, np_dtype.name)
+    keys = list(dict.fromkeys(normalize_keys(paths)))
+    n = len(keys)
+    nworkers = default_workers() if workers is None else int(workers)
+    if nworkers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers!r}")
+    if item_shape is None:
+        if not keys:
+            raise ValueError(
+                "no paths to build and the loader does not declare its item_shape; pass at "
+                "least one path or give the loader an item_shape attribute"
+            )
+        item_shape = _probe_shape(fn, keys, np_dtype) or (0,)
+    item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
+    rows_per_shard = _rows_per_shard(n, item_nbytes, nworkers)
+    spec = StoreSpec(
+        n=n,
+        item_shape=tuple(item_shape),
+        dtype=np_dtype.name,
+        loader_id=ident,
+        loader_params=params,
+        rows_per_shard=rows_per_shard,
+        created_unix=time.time(),
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    collect_debris(target)
+    tmp = _tmp_sibling(target)
+    tmp.mkdir()
+    try:
+        attrs = _build_into(tmp, spec, keys, fn, nworkers, on_error, progress, executor, target)
+        _publish(tmp, target, attrs, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_store(target)
+
+
+def _build_into(
+    tmp: Path,
+    spec: StoreSpec,
+    keys: list[str],
+    fn: Loader,
+    nworkers: int,
+    on_error: str,
+    progress: bool,
+    executor: Executor | None,
+    target: Path,
+) -> dict[str, Any]:
+    """Write shards, index and array metadata into ``tmp``; return the group attributes."""
+    n, s = spec.n, spec.rows_per_shard
+    if n and spec.item_shape == (0,):
+        every = [(k, "the loader failed on every source") for k in keys]
+        raise BuildError(_failure_message(every, n, target), every)
+    (tmp / VECTORS).mkdir()
+    tasks = [
+        ShardTask(str(tmp), shard_key(spec, k), keys[k * s : (k + 1) * s], fn, spec.dtype,
+                  spec.item_shape, s, on_error == "skip")
+        for k in range(math.ceil(n / s))
+    ]
+    results = _run_tasks(tasks, nworkers, progress, executor, target, n)
+    failures: list[tuple[int, str]] = []
+    sizes = np.empty(n, dtype=np.int64)
+    mtimes = np.empty(n, dtype=np.int64)
+    for k, task in enumerate(tasks):
+        res = results[task.rel]
+        base = k * s
+        failures.extend((base + i, reason) for i, reason in res.failures)
+        sizes[base : base + len(task.keys)] = res.source_size
+        mtimes[base : base + len(task.keys)] = res.source_mtime_ns
+    failures.sort()
+    if failures and on_error == "raise":
+        named = [(keys[i], reason) for i, reason in failures]
+        raise BuildError(_failure_message(named, n, target), named)
+    if failures:
+        keep = np.ones(n, dtype=bool)
+        keep[[i for i, _ in failures]] = False
+        old_rows = [len(t.keys) for t in tasks]
+        spec, files = _compact(tmp, spec, old_rows, keep)
+        skipped = tuple((keys[i], reason) for i, reason in failures)
+        spec = dataclasses.replace(spec, skipped=skipped)
+        keys = [k for k, ok in zip(keys, keep.tolist(), strict=True) if ok]
+        sizes, mtimes = sizes[keep], mtimes[keep]
+    else:
+        files = {t.rel: [results[t.rel].size, results[t.rel].checksum] for t in tasks}
+    write_json_durable(tmp / VECTORS / "zarr.json", vectors_metadata(spec))
+    files[f"{VECTORS}/zarr.json"] = _file_entry(tmp / VECTORS / "zarr.json")
+    if (tmp / VECTORS / "c").exists():
+        fsync_dir(tmp / VECTORS / "c")
+    fsync_dir(tmp / VECTORS)
+    index_files, key_bytes_len = _write_index(tmp, keys, sizes, mtimes)
+    files.update(index_files)
+    attrs = spec.to_json()
+    attrs["key_bytes_len"] = key_bytes_len
+    attrs["key_hash"] = "xxh3_64"
+    attrs["checksum"] = "xxh3_128"
+    attrs["files"] = dict(sorted(files.items()))
+    return attrs
+
+
+def _run_tasks(
+    tasks: list[ShardTask], nworkers: int, progress: bool, executor: Executor | None, target: Path, n: int
+) -> dict[str, ShardResult]:
+    bar = tqdm(total=n, unit="item", desc=f"building {target.name}", disable=not progress, smoothing=0.1)
+    results: dict[str, ShardResult] = {}
+    try:
+        if executor is None and (nworkers == 1 or len(tasks) <= 1):
+            for task in tasks:
+                results[task.rel] = run_shard(task)
+                bar.update(len(task.keys))
+            return results
+        if executor is None:
+            try:
+                pickle.dumps(tasks[0].loader)
+            except Exception as exc:
+                raise TypeError(
+                    f"the loader {tasks[0].loader!r} cannot be sent to worker processes ({exc}); "
+                    "define it at module level (not a lambda or closure) or pass workers=1"
+                ) from None
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=min(nworkers, len(tasks)), mp_context=ctx) as pool:
+                results = _collect(pool, tasks, bar)
+        else:
+            results = _collect(executor, tasks, bar)
+    finally:
+        bar.close()
+    return results
+
+
+def _collect(pool: Executor, tasks: list[ShardTask], bar: Any) -> dict[str, ShardResult]:
+    futures: dict[Future[ShardResult], ShardTask] = {pool.submit(run_shard, t): t for t in tasks}
+    results: dict[str, ShardResult] = {}
+    try:
+        for fut in as_completed(futures):
+            task = futures[fut]
+            results[task.rel] = fut.result()
+            bar.update(len(task.keys))
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+    return results
+
+
+def _failure_message(failures: list[tuple[str, str]], n: int, target: Path) -> str:
+    shown = "\n".join(f"  {p}: {r}" for p, r in failures[:10])
+    more = f"\n  ... and {len(failures) - 10} more (see .failures)" if len(failures) > 10 else ""
+    return (
+        f"{len(failures)} of {n} sources could not be loaded, so {str(target)!r} was not "
+        f"built:\n{shown}{more}\nFix or remove them, or pass on_error='skip' to build the rest."
+    )
+
+
+def _publish(tmp: Path, target: Path, attrs: dict[str, Any], overwrite: bool) -> None:
+    """Write the group metadata last, then publish ``tmp`` as ``target`` with one rename."""
+    group = {"attributes": {ATTR_KEY: attrs}, "zarr_format": 3, "node_type": "group"}
+    write_json_durable(tmp / "zarr.json", group)
+    fsync_dir(tmp)
+    old: Path | None = None
+    if overwrite and (target.exists() or target.is_symlink()):
+        old = target.parent / f".{target.name}.tsc-old-{uuid.uuid4().hex[:8]}"
+        target.rename(old)
+    try:
+        tmp.rename(target)
+    except OSError as exc:
+        if old is not None:
+            old.rename(target)
+        raise StoreExistsError(
+            f"{str(target)!r} appeared while building ({exc}); another process published it "
+            "first - open it with tensorstore_cache.open_store"
+        ) from None
+    fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,114 @@
+"""Exceptions raised by tensorstore_cache.
+
+Every error inherits from :class:`TensorStoreCacheError` and from the built-in
+exception a caller would already catch for the same situation::
+
+    TensorStoreCacheError (Exception)
+    ├── BuildError (RuntimeError)            some sources could not be turned into vectors
+    ├── CorruptStoreError (ValueError)       files on disk do not match what the store promises
+    ├── KeyNotInStoreError (KeyError)        a looked-up path is not in the store
+    ├── StoreExistsError (FileExistsError)   the build target already exists
+    ├── StoreLockedError (TimeoutError)      waiting for another builder's lock timed out
+    └── StoreNotFoundError (FileNotFoundError)  no store at the given location
+
+Errors keep their data as attributes and survive pickling, so they travel
+unchanged from worker processes to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "BuildError",
+    "CorruptStoreError",
+    "KeyNotInStoreError",
+    "StoreExistsError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "TensorStoreCacheError",
+]
+
+
+class TensorStoreCacheError(Exception):
+    """Base class of every error raised by tensorstore_cache."""
+
+
+class BuildError(TensorStoreCacheError, RuntimeError):
+    """Some sources could not be loaded, so nothing was published.
+
+    Parameters
+    ----------
+    message
+        Summary of what went wrong and how to proceed.
+    failures
+        Every failing source as ``(path, reason)``, in input order.
+
+    Attributes
+    ----------
+    failures : list of tuple of (str, str)
+        Every failing source and the reason it failed.
+    """
+
+    def __init__(self, message: str, failures: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.failures: list[tuple[str, str]] = [(str(p), str(r)) for p, r in failures]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.failures))
+
+
+class CorruptStoreError(TensorStoreCacheError, ValueError):
+    """A store's files are damaged, incomplete or not a tensorstore_cache store.
+
+    Attributes
+    ----------
+    path : str or None
+        The offending file, when one file is to blame.
+    """
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.path))
+
+
+class KeyNotInStoreError(TensorStoreCacheError, KeyError):
+    """One or more looked-up paths are not in the store.
+
+    Attributes
+    ----------
+    missing : list of str
+        The normalised keys that were not found (all of them, in query order).
+    """
+
+    def __init__(self, missing: Sequence[str]) -> None:
+        self.missing = [str(m) for m in missing]
+        shown = ", ".join(repr(m) for m in self.missing[:5])
+        more = f" and {len(self.missing) - 5} more" if len(self.missing) > 5 else ""
+        super().__init__(
+            f"{len(self.missing)} path(s) not in the store: {shown}{more}; "
+            "build them into the store (or use tensorstore_cache.cached) or look up "
+            "with .get() to accept misses"
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.missing,))
+
+
+class StoreExistsError(TensorStoreCacheError, FileExistsError):
+    """The build target already exists and ``overwrite`` was not requested."""
+
+
+class StoreLockedError(TensorStoreCacheError, TimeoutError):
+    """Another process holds the store's build lock for longer than allowed."""
+
+
+class StoreNotFoundError(TensorStoreCacheError, FileNotFoundError):
+    """There is no store at the given location."""

@@ -1,0 +1,272 @@
+"""The on-disk layout: names, array metadata, and validation of what is read.
+
+A store is a zarr v3 group. This module builds the exact ``zarr.json``
+documents the writer emits and checks, before anything is mapped, that a
+store's metadata is one of those documents (an allowlist: any other dtype,
+codec, chunking or attribute is rejected).
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._errors import CorruptStoreError
+from ._jsonio import read_json
+from ._spec import FORMAT_VERSION, StoreSpec
+
+__all__ = [
+    "ATTR_KEY",
+    "DTYPES",
+    "INDEX_ARRAYS",
+    "MAX_ARRAY_JSON",
+    "MAX_GROUP_JSON",
+    "VECTORS",
+    "expected_files",
+    "index_array_metadata",
+    "parse_group",
+    "shard_count",
+    "shard_key",
+    "vectors_metadata",
+]
+
+#: Group attribute that holds the store's description.
+ATTR_KEY = "tensorstore_cache"
+#: Name of the array of vectors.
+VECTORS = "vectors"
+#: One-dimensional index arrays: name -> (dtype, length is n or n + 1 or bytes).
+INDEX_ARRAYS: dict[str, str] = {
+    "key_hash": "uint64",  # XXH3-64 of every key, ascending
+    "key_row": "int64",  # row of the key at the same position of key_hash
+    "key_offsets": "uint64",  # n + 1 offsets into key_bytes, in row order
+    "key_bytes": "uint8",  # UTF-8 keys, concatenated in row order
+    "source_size": "int64",  # st_size of each source at build time, -1 if unknown
+    "source_mtime_ns": "int64",  # st_mtime_ns of each source at build time, -1 if unknown
+}
+#: Element types a store may hold (zarr v3 names, always little-endian).
+DTYPES = frozenset(
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "float32", "float64"]
+)
+#: Size caps of metadata files, checked before they are read.
+MAX_GROUP_JSON = 64 << 20
+MAX_ARRAY_JSON = 64 << 10
+_MAX_N = 1 << 40
+_MAX_ITEM_BYTES = 1 << 31
+_MAX_DIMS = 8
+_HEX128 = re.compile(r"[0-9a-f]{32}")
+
+
+def _fill(dtype: str) -> Any:
+    if dtype == "bool":
+        return False
+    return 0.0 if dtype.startswith("float") else 0
+
+
+def _bytes_codec() -> dict[str, Any]:
+    return {"name": "bytes", "configuration": {"endian": "little"}}
+
+
+def _array(shape: list[int], chunk: list[int], dtype: str, codecs: list[Any]) -> dict[str, Any]:
+    return {
+        "shape": shape,
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": _fill(dtype),
+        "codecs": codecs,
+        "attributes": {},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+
+
+def vectors_metadata(spec: StoreSpec) -> dict[str, Any]:
+    """Return the ``zarr.json`` of the ``vectors`` array of ``spec``."""
+    item = list(spec.item_shape)
+    sharding = {
+        "name": "sharding_indexed",
+        "configuration": {
+            "chunk_shape": [1, *item],
+            "codecs": [_bytes_codec()],
+            "index_codecs": [_bytes_codec(), {"name": "crc32c"}],
+            "index_location": "end",
+        },
+    }
+    return _array([spec.n, *item], [spec.rows_per_shard, *item], spec.dtype, [sharding])
+
+
+def index_array_length(name: str, spec: StoreSpec, key_bytes_len: int) -> int:
+    """Return the length of index array ``name``."""
+    if name == "key_offsets":
+        return spec.n + 1
+    if name == "key_bytes":
+        return key_bytes_len
+    return spec.n
+
+
+def index_array_metadata(name: str, length: int) -> dict[str, Any]:
+    """Return the ``zarr.json`` of a one-dimensional, single-chunk index array."""
+    return _array([length], [max(length, 1)], INDEX_ARRAYS[name], [_bytes_codec()])
+
+
+def shard_count(spec: StoreSpec) -> int:
+    """Return the number of shard files of ``spec``'s vectors."""
+    return math.ceil(spec.n / spec.rows_per_shard)
+
+
+def shard_key(spec: StoreSpec, k: int) -> str:
+    """Return the store-relative path of shard ``k``."""
+    return posixpath.join(VECTORS, "c", str(k), *(["0"] * len(spec.item_shape)))
+
+
+def expected_files(spec: StoreSpec, key_bytes_len: int) -> set[str]:
+    """Return every file a store of ``spec`` consists of, except the group ``zarr.json``."""
+    files = {f"{VECTORS}/zarr.json"}
+    files.update(shard_key(spec, k) for k in range(shard_count(spec)))
+    for name in INDEX_ARRAYS:
+        files.add(f"{name}/zarr.json")
+        if index_array_length(name, spec, key_bytes_len) > 0:
+            files.add(f"{name}/c/0")
+    return files
+
+
+def _int(value: Any, what: str, lo: int, hi: int, where: str) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise CorruptStoreError(
+            f"{where}: {what} must be an integer in [{lo}, {hi}], got {value!r}", where
+        )
+    return value
+
+
+def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]:
+    if not isinstance(attrs, dict):
+        raise CorruptStoreError(f"{where}: attribute {ATTR_KEY!r} must be an object", where)
+    version = attrs.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CorruptStoreError(
+            f"{where}: format version {version!r} is not supported by this release "
+            f"(it reads version {FORMAT_VERSION}); upgrade tensorstore_cache or rebuild the store",
+            where,
+        )
+    n = _int(attrs.get("n"), "n", 0, _MAX_N, where)
+    shape = attrs.get("item_shape")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_DIMS:
+        raise CorruptStoreError(f"{where}: item_shape must be a list of 1 to 8 sizes", where)
+    item_shape = tuple(_int(d, "an item_shape size", 1, _MAX_ITEM_BYTES, where) for d in shape)
+    dtype = attrs.get("dtype")
+    if dtype not in DTYPES:
+        raise CorruptStoreError(
+            f"{where}: dtype {dtype!r} is not allowed; allowed: {sorted(DTYPES)}", where
+        )
+    itemsize = np.dtype(dtype).itemsize
+    if math.prod(item_shape) * itemsize > _MAX_ITEM_BYTES:
+        raise CorruptStoreError(f"{where}: item_shape {list(item_shape)} is too large", where)
+    loader_id = attrs.get("loader_id")
+    if not isinstance(loader_id, str) or len(loader_id) > 1000:
+        raise CorruptStoreError(f"{where}: loader_id must be a short string", where)
+    params = attrs.get("loader_params")
+    if not isinstance(params, dict):
+        raise CorruptStoreError(f"{where}: loader_params must be an object", where)
+    rows = _int(attrs.get("rows_per_shard"), "rows_per_shard", 1, _MAX_N, where)
+    if rows * math.prod(item_shape) * itemsize > (1 << 40):
+        raise CorruptStoreError(f"{where}: shards of {rows} rows are too large", where)
+    skipped_raw = attrs.get("skipped", [])
+    if not isinstance(skipped_raw, list) or not all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(x, str) for x in s)
+        for s in skipped_raw
+    ):
+        raise CorruptStoreError(f"{where}: skipped must be a list of [path, reason]", where)
+    created = attrs.get("created_unix", 0.0)
+    if not isinstance(created, (int, float)):
+        raise CorruptStoreError(f"{where}: created_unix must be a number", where)
+    key_bytes_len = _int(attrs.get("key_bytes_len"), "key_bytes_len", 0, 1 << 48, where)
+    spec = StoreSpec(
+        n=n,
+        item_shape=item_shape,
+        dtype=dtype,
+        loader_id=loader_id,
+        loader_params=params,
+        format_version=version,
+        rows_per_shard=rows,
+        skipped=tuple((s[0], s[1]) for s in skipped_raw),
+        created_unix=float(created),
+    )
+    files_raw = attrs.get("files")
+    if not isinstance(files_raw, dict):
+        raise CorruptStoreError(f"{where}: files must be an object", where)
+    expected = expected_files(spec, key_bytes_len)
+    if set(files_raw) != expected:
+        odd = sorted(set(files_raw) ^ expected)[:3]
+        raise CorruptStoreError(
+            f"{where}: the file list does not match the store's shape (e.g. {odd}); "
+            "the metadata is damaged",
+            where,
+        )
+    files: dict[str, tuple[int, str]] = {}
+    for rel, entry in files_raw.items():
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or type(entry[0]) is not int
+            or entry[0] < 0
+            or not isinstance(entry[1], str)
+            or not _HEX128.fullmatch(entry[1])
+        ):
+            raise CorruptStoreError(
+                f"{where}: file entry for {rel!r} must be [size, xxh3-128 hex]", where
+            )
+        files[rel] = (entry[0], entry[1])
+    return spec, files, key_bytes_len
+
+
+def parse_group(root: Path) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]:
+    """Read and validate every metadata file of the store at ``root``.
+
+    Returns
+    -------
+    spec : StoreSpec
+        The store's description.
+    files : dict
+        Store-relative path -> ``(size, xxh3-128 hex)`` of every data file.
+    key_bytes_len : int
+        Length of the ``key_bytes`` array.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If ``root`` has no ``zarr.json``.
+    CorruptStoreError
+        If any metadata differs from what this format allows.
+    """
+    where = str(root / "zarr.json")
+    group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON)
+    if group.get("zarr_format") != 3 or group.get("node_type") != "group":
+        raise CorruptStoreError(f"{where} is not a zarr v3 group", where)
+    attributes = group.get("attributes")
+    if not isinstance(attributes, dict) or ATTR_KEY not in attributes:
+        raise CorruptStoreError(
+            f"{where} is a zarr group but not a tensorstore_cache store "
+            f"(no {ATTR_KEY!r} attribute)",
+            where,
+        )
+    spec, files, key_bytes_len = _spec_from_attrs(attributes[ATTR_KEY], where)
+    wanted = {VECTORS: vectors_metadata(spec)}
+    for name in INDEX_ARRAYS:
+        wanted[name] = index_array_metadata(name, index_array_length(name, spec, key_bytes_len))
+    for name, expected in wanted.items():
+        path = root / name / "zarr.json"
+        found = read_json(path, max_bytes=MAX_ARRAY_JSON)
+        if found != expected:
+            raise CorruptStoreError(
+                f"{path} does not describe the array this store needs (dtype, shape, "
+                "chunking and codecs must be exactly those written by tensorstore_cache)",
+                str(path),
+            )
+    return spec, files, key_bytes_len

@@ -1,0 +1,110 @@
+"""How a source path becomes a key, and how keys are hashed.
+
+A key is ``posixpath.normpath(os.fspath(path))``: the path as the caller wrote
+it, with redundant separators and ``.`` components removed. Relative paths are
+*not* resolved against the working directory, so the same relative path names
+the same entry on every machine. A key is stored as its UTF-8 bytes (with
+``surrogateescape`` for undecodable file names) and hashed with XXH3-64
+(seed 0), which is stable across processes, machines and Python versions.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterable, Sequence
+from typing import Union
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+__all__ = ["PathLike", "encode_key", "hash_encoded", "normalize_key", "normalize_keys"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def normalize_key(path: object) -> str:
+    """Return the key of one source path.
+
+    Parameters
+    ----------
+    path
+        A ``str`` or ``os.PathLike``.
+
+    Returns
+    -------
+    str
+        The normalised key.
+
+    Raises
+    ------
+    TypeError
+        If ``path`` is not a string or path-like object.
+    ValueError
+        If ``path`` is empty or contains a NUL character.
+
+    Examples
+    --------
+    >>> normalize_key("data//images/./0001.jpg")
+    'data/images/0001.jpg'
+    """
+    if type(path) is str:
+        raw = path
+    else:
+        try:
+            fs = os.fspath(path)  # type: ignore[call-overload]
+        except TypeError:
+            raise TypeError(
+                f"a path must be a str or os.PathLike, got {type(path).__name__}: {path!r}"
+            ) from None
+        raw = os.fsdecode(fs) if isinstance(fs, bytes) else fs
+    if not raw:
+        raise ValueError("a path must not be empty")
+    if "\x00" in raw:
+        raise ValueError(f"a path must not contain NUL characters: {raw!r}")
+    return posixpath.normpath(raw)
+
+
+def normalize_keys(paths: Iterable[object]) -> list[str]:
+    """Normalise every path of an iterable (a list, a pandas Series, ...).
+
+    Parameters
+    ----------
+    paths
+        Any iterable of ``str`` or ``os.PathLike``.
+
+    Returns
+    -------
+    list of str
+        The keys, in input order, duplicates kept.
+    """
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"paths must be an iterable of paths, not a single path: {paths!r}; "
+            "wrap it in a list"
+        )
+    values = getattr(paths, "values", paths)  # pandas Series -> ndarray
+    return [normalize_key(p) for p in values]
+
+
+def encode_key(key: str) -> bytes:
+    """Return the stored bytes of a normalised key."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def hash_encoded(encoded: Sequence[bytes]) -> npt.NDArray[np.uint64]:
+    """Hash encoded keys with XXH3-64.
+
+    Parameters
+    ----------
+    encoded
+        Keys as returned by :func:`encode_key`.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` hashes, one per key.
+    """
+    h = xxhash.xxh3_64_intdigest
+    return np.fromiter((h(b) for b in encoded), dtype=np.uint64, count=len(encoded))

@@ -1,0 +1,214 @@
+"""Shard files: the zarr ``sharding_indexed`` layout, written and mapped.
+
+A shard holding ``m`` of at most ``S`` rows is the rows' raw little-endian
+C-order bytes, one inner chunk per row in row order, then the shard index:
+``S`` pairs of little-endian ``uint64`` ``(offset, nbytes)`` (``2**64 - 1``
+twice for a row past the end of the array), then the CRC32C of the index.
+The reader checks the file size, the index checksum and that every row sits
+where this layout puts it before handing out views; a shard whose rows lie
+elsewhere (written by another zarr writer) is still read, row by row.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from ._errors import CorruptStoreError
+
+__all__ = ["MappedShard", "file_checksum", "map_shard", "shard_file_size", "write_shard"]
+
+_EMPTY = np.uint64(2**64 - 1)
+
+
+def shard_file_size(rows: int, rows_per_shard: int, item_nbytes: int) -> int:
+    """Return the size in bytes of a dense shard holding ``rows`` rows."""
+    return rows * item_nbytes + 16 * rows_per_shard + 4
+
+
+def _index_bytes(rows: int, rows_per_shard: int, item_nbytes: int) -> bytes:
+    index = np.full((rows_per_shard, 2), _EMPTY, dtype="<u8")
+    index[:rows, 0] = np.arange(rows, dtype="<u8") * np.uint64(item_nbytes)
+    index[:rows, 1] = item_nbytes
+    raw = index.tobytes()
+    crc: int = google_crc32c.value(raw)
+    return raw + crc.to_bytes(4, "little")
+
+
+def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int) -> tuple[int, str]:
+    """Create the shard file ``path`` from ``block`` (rows x item) and fsync it.
+
+    Parameters
+    ----------
+    path
+        Target file; must not exist.
+    block
+        The shard's rows, shape ``(m, *item_shape)`` with ``m <= rows_per_shard``.
+    rows_per_shard
+        The array's shard length ``S``.
+
+    Returns
+    -------
+    size : int
+        Bytes written.
+    checksum : str
+        XXH3-128 of the file, hex.
+    """
+    data = np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<"))
+    rows = data.shape[0]
+    item_nbytes = data.nbytes // rows if rows else 0
+    tail = _index_bytes(rows, rows_per_shard, item_nbytes)
+    digest = xxhash.xxh3_128()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for part in (data.reshape(-1).view(np.uint8).data, memoryview(tail)):
+            digest.update(part)
+            while part:
+                part = part[os.write(fd, part):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return data.nbytes + len(tail), digest.hexdigest()
+
+
+def file_checksum(path: Path, chunk: int = 8 << 20) -> tuple[int, str]:
+    """Return ``(size, xxh3-128 hex)`` of a file, read in chunks."""
+    digest = xxhash.xxh3_128()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+            size += n
+    return size, digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class MappedShard:
+    """A shard mapped copy-on-write.
+
+    Attributes
+    ----------
+    rows : numpy.ndarray or None
+        ``(m, *item_shape)`` view of every row when the shard is dense.
+    offsets : numpy.ndarray or None
+        Byte offset of every row when it is not (rows are then read one by one).
+    """
+
+    buffer: mmap.mmap | None
+    rows: npt.NDArray[np.generic] | None
+    offsets: npt.NDArray[np.int64] | None
+    dtype: np.dtype[np.generic]
+    item_shape: tuple[int, ...]
+
+    def row(self, i: int) -> npt.NDArray[np.generic]:
+        """Return row ``i`` as a view."""
+        if self.rows is not None:
+            view: npt.NDArray[np.generic] = self.rows[i]
+            return view
+        assert self.offsets is not None and self.buffer is not None
+        count = int(np.prod(self.item_shape))
+        flat = np.frombuffer(self.buffer, self.dtype, count, int(self.offsets[i]))
+        return flat.reshape(self.item_shape)
+
+
+def _open_regular(path: Path, root: Path) -> int:
+    """Open ``path`` read-only, refusing symlinks, non-files and escapes from ``root``."""
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
+        raise CorruptStoreError(f"{path} resolves outside the store ({real}); refusing it", str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise CorruptStoreError(
+            f"{path} is missing; the store is incomplete (run verify, then rebuild it)", str(path)
+        ) from None
+    except OSError as exc:
+        raise CorruptStoreError(f"{path} cannot be opened: {exc}", str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptStoreError(f"{path} is not a regular file", str(path))
+    return fd
+
+
+def map_file(path: Path, root: Path, expected_size: int, *, copy_on_write: bool) -> mmap.mmap | None:
+    """Map a whole store file after checking its size; ``None`` for an empty file.
+
+    Raises
+    ------
+    CorruptStoreError
+        If the file is missing, not a regular file inside ``root``, or not
+        exactly ``expected_size`` bytes (a truncated file would otherwise
+        kill the reader with SIGBUS).
+    """
+    fd = _open_regular(path, root)
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected_size:
+            raise CorruptStoreError(
+                f"{path} is {size} bytes but the store recorded {expected_size}; the file "
+                "was truncated or overwritten - rebuild the store",
+                str(path),
+            )
+        if size == 0:
+            return None
+        access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+        return mmap.mmap(fd, size, access=access)
+    finally:
+        os.close(fd)
+
+
+def map_shard(
+    path: Path,
+    root: Path,
+    *,
+    rows: int,
+    rows_per_shard: int,
+    item_shape: tuple[int, ...],
+    dtype: np.dtype[np.generic],
+    expected_size: int,
+) -> MappedShard:
+    """Map a shard copy-on-write and check its index.
+
+    Raises
+    ------
+    CorruptStoreError
+        If the file has the wrong size, its index checksum fails, a row is
+        missing, or a row lies outside the data region.
+    """
+    buf = map_file(path, root, expected_size, copy_on_write=True)
+    index_len = 16 * rows_per_shard + 4
+    if buf is None or len(buf) < index_len:
+        raise CorruptStoreError(f"{path} is too small to hold a shard index", str(path))
+    start = len(buf) - index_len
+    raw = buf[start : start + 16 * rows_per_shard]
+    crc = int.from_bytes(buf[len(buf) - 4 :], "little")
+    if google_crc32c.value(raw) != crc:
+        raise CorruptStoreError(f"{path}: shard index checksum mismatch; the file is damaged", str(path))
+    index = np.frombuffer(raw, dtype="<u8").reshape(rows_per_shard, 2)
+    item_nbytes = int(np.prod(item_shape)) * dtype.itemsize
+    off, nbytes = index[:rows, 0], index[:rows, 1]
+    if np.any(off == _EMPTY):
+        missing = int(np.flatnonzero(off == _EMPTY)[0])
+        raise CorruptStoreError(
+            f"{path}: row {missing} of this shard is missing (never written); the store "
+            "is incomplete - rebuild it",
+            str(path),
+        )
+    if np.any(nbytes != item_nbytes) or np.any(off + nbytes > start):
+        raise CorruptStoreError(f"{path}: shard index points outside the data", str(path))
+    if np.array_equal(off, np.arange(rows, dtype="<u8") * np.uint64(item_nbytes)):
+        count = rows * item_nbytes // dtype.itemsize
+        view = np.frombuffer(buf, dtype, count).reshape((rows, *item_shape))
+        return MappedShard(buf, view, None, dtype, item_shape)
+    return MappedShard(buf, None, off.astype(np.int64), dtype, item_shape)

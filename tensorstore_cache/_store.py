@@ -1,0 +1,288 @@
+"""The public handle: :class:`CacheStore` and :func:`open_store`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from ._errors import KeyNotInStoreError, StoreNotFoundError
+from ._keys import encode_key, hash_encoded, normalize_key, normalize_keys
+from ._segment import Segment
+from ._spec import StoreSpec
+
+__all__ = ["CacheStore", "open_store"]
+
+_T = TypeVar("_T")
+_MISSING: Any = object()
+
+
+class CacheStore:
+    """A read-only, memory-mapped store of fixed-shape vectors keyed by path.
+
+    Obtain one with :func:`open_store`, :func:`build_store` or
+    :func:`cached`. It behaves like a read-only mapping from path to vector:
+    ``store[path]`` raises :class:`KeyNotInStoreError` on a miss, ``.get``
+    does not, ``path in store`` and ``len(store)`` work, and it is a context
+    manager. Vectors are views of the mapped files (copy-on-write: writing to
+    one changes only this process's copy, never the file).
+
+    Examples
+    --------
+    >>> with open_store("covers.tsc") as store:  # doctest: +SKIP
+    ...     v = store["data/images/0001.jpg"]      # (3, 32, 32) float32 view
+    ...     batch = store.take(store.rows(paths))  # (B, 3, 32, 32) array
+    """
+
+    def __init__(self, segments: Sequence[Segment], spec: StoreSpec, location: str) -> None:
+        self._segments = list(segments)
+        self._spec = spec
+        self._location = location
+        self._closed = False
+        self._offsets = np.cumsum([0] + [s.n for s in self._segments]).tolist()
+        self._single = self._segments[0] if len(self._segments) == 1 else None
+        self._dtype = np.dtype(spec.dtype)
+        self._paths: list[str] | None = None
+
+    # -- description ----------------------------------------------------------
+
+    @property
+    def spec(self) -> StoreSpec:
+        """The store's :class:`StoreSpec`."""
+        return self._spec
+
+    @property
+    def location(self) -> str:
+        """Where the store lives (a directory)."""
+        return self._location
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(len(store), *item_shape)``."""
+        return (self._offsets[-1], *self._spec.item_shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type of the vectors."""
+        return self._dtype
+
+    @property
+    def paths(self) -> list[str]:
+        """Every key, in row order (``store.paths[i]`` is the key of row ``i``)."""
+        self._check_open()
+        if self._paths is None:
+            self._paths = [k for seg in self._segments for k in seg.key_list()]
+        return self._paths
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} x {self._spec.item_shape} {self._spec.dtype}"
+        return f"<CacheStore {self._location!r}: {state}>"
+
+    # -- lookups --------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"store {self._location!r} is closed")
+
+    def _find(self, key: str) -> int:
+        enc = encode_key(key)
+        h = xxhash.xxh3_64_intdigest(enc)
+        single = self._single
+        if single is not None:
+            return single.find(enc, h)
+        for seg, off in zip(reversed(self._segments), reversed(self._offsets[:-1]), strict=True):
+            row = seg.find(enc, h)
+            if row >= 0:
+                return int(off) + row
+        return -1
+
+    def _vector(self, row: int) -> npt.NDArray[Any]:
+        single = self._single
+        if single is not None:
+            return single.row(row)
+        k = int(np.searchsorted(self._offsets, row, side="right")) - 1
+        return self._segments[k].row(row - int(self._offsets[k]))
+
+    def __getitem__(self, path: str | os.PathLike[str]) -> npt.NDArray[Any]:
+        """Return the vector of ``path`` as a copy-on-write view."""
+        self._check_open()
+        key = normalize_key(path)
+        row = self._find(key)
+        if row < 0:
+            raise KeyNotInStoreError([key])
+        return self._vector(row)
+
+    @overload
+    def get(self, path: str | os.PathLike[str]) -> npt.NDArray[Any] | None: ...
+    @overload
+    def get(self, path: str | os.PathLike[str], default: _T) -> npt.NDArray[Any] | _T: ...
+    def get(self, path: str | os.PathLike[str], default: Any = None) -> Any:
+        """Return the vector of ``path``, or ``default`` when it is not stored."""
+        self._check_open()
+        row = self._find(normalize_key(path))
+        return default if row < 0 else self._vector(row)
+
+    def __contains__(self, path: object) -> bool:
+        self._check_open()
+        try:
+            key = normalize_key(path)
+        except (TypeError, ValueError):
+            return False
+        return self._find(key) >= 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.paths)
+
+    def rows(self, paths: Iterable[str | os.PathLike[str]], *, missing: str = "raise") -> npt.NDArray[np.int64]:
+        """Return the row of every path, vectorised.
+
+        Parameters
+        ----------
+        paths
+            Any iterable of paths (a list, a pandas Series, ...), duplicates allowed.
+        missing
+            ``"raise"`` (default) raises :class:`KeyNotInStoreError` naming every
+            absent path; ``"ignore"`` returns -1 for them.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int64`` rows, in the order of ``paths``.
+        """
+        self._check_open()
+        if missing not in ("raise", "ignore"):
+            raise ValueError(f"missing must be 'raise' or 'ignore', got {missing!r}")
+        keys = normalize_keys(paths)
+        encoded = [encode_key(k) for k in keys]
+        hashes = hash_encoded(encoded)
+        out = np.full(len(keys), -1, dtype=np.int64)
+        for seg, off in zip(reversed(self._segments), reversed(self._offsets[:-1]), strict=True):
+            todo = np.flatnonzero(out < 0)
+            if len(todo) == 0:
+                break
+            if len(todo) == len(out):
+                found = seg.find_many(encoded, hashes)
+            else:
+                found = seg.find_many([encoded[i] for i in todo.tolist()], hashes[todo])
+            hit = found >= 0
+            out[todo[hit]] = found[hit] + int(off)
+        if missing == "raise" and np.any(out < 0):
+            raise KeyNotInStoreError([keys[i] for i in np.flatnonzero(out < 0).tolist()])
+        return out
+
+    def take(self, rows: npt.ArrayLike, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
+        """Gather rows into one contiguous ``(B, *item_shape)`` array.
+
+        Parameters
+        ----------
+        rows
+            Row numbers (from :meth:`rows`), any order, repeats allowed.
+        out
+            Optional preallocated C-contiguous array of shape ``(B, *item_shape)``
+            and the store's dtype, filled in place (e.g. ``tensor.numpy()``).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``out`` if given, else a new array.
+        """
+        self._check_open()
+        idx = np.asarray(rows)
+        if idx.ndim != 1 or not (idx.dtype.kind in "iu" or idx.size == 0):
+            raise TypeError(f"rows must be a 1-D array of integers, got shape {idx.shape} {idx.dtype}")
+        idx = idx.astype(np.int64, copy=False)
+        n = len(self)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            bad = idx[(idx < 0) | (idx >= n)][0]
+            raise IndexError(f"row {int(bad)} is out of range for a store of {n} rows")
+        shape = (len(idx), *self._spec.item_shape)
+        if out is None:
+            out = np.empty(shape, dtype=self._dtype)
+        else:
+            if out.shape != shape or out.dtype != self._dtype or not out.flags.c_contiguous:
+                raise ValueError(
+                    f"out must be a C-contiguous {self._dtype} array of shape {shape}, got "
+                    f"{out.dtype} {out.shape}"
+                )
+            if not out.flags.writeable:
+                raise ValueError("out is read-only")
+        single = self._single
+        if single is not None:
+            single.gather(idx, out)
+            return out
+        seg_of = np.searchsorted(self._offsets, idx, side="right") - 1
+        for k in np.unique(seg_of).tolist():
+            sel = np.flatnonzero(seg_of == k)
+            part = np.empty((len(sel), *self._spec.item_shape), dtype=self._dtype)
+            self._segments[k].gather(idx[sel] - int(self._offsets[k]), part)
+            out[sel] = part
+        return out
+
+    # -- lifetime -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the mappings. Views already returned stay valid."""
+        if not self._closed:
+            for seg in self._segments:
+                seg.close()
+            self._closed = True
+
+    def __enter__(self) -> CacheStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A store pickles as its location: the receiving process maps the same files.
+        return (open_store, (self._location,))
+
+
+def open_store(path: str | os.PathLike[str]) -> CacheStore:
+    """Open a store read-only, mapping its files (no data is read or copied).
+
+    Parameters
+    ----------
+    path
+        The store directory written by :func:`build_store`.
+
+    Returns
+    -------
+    CacheStore
+        The open store.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If there is no store at ``path``.
+    CorruptStoreError
+        If its metadata is invalid or its index files are damaged.
+
+    Examples
+    --------
+    >>> store = open_store("covers.tsc")  # doctest: +SKIP
+    >>> store.spec.item_shape             # doctest: +SKIP
+    (3, 32, 32)
+    """
+    root = Path(os.fspath(path))
+    if not root.is_dir():
+        raise StoreNotFoundError(
+            f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
+            "(or check the path)"
+        )
+    segment = Segment(root)
+    return CacheStore([segment], segment.spec, str(root))

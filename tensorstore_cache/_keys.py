@@ -51,6 +51,9 @@ def normalize_key(path: object) -> str:
     """
     if type(path) is str:
         raw = path
+        # fast path: a path normpath would leave unchanged
+        if raw and "//" not in raw and "/." not in raw and raw[0] != "." and raw[-1] != "/" and "\x00" not in raw:
+            return raw
     else:
         try:
             fs = os.fspath(path)  # type: ignore[call-overload]

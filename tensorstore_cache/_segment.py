@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import bisect
 import mmap
+import os
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ import numpy.typing as npt
 from ._errors import CorruptStoreError
 from ._format import INDEX_ARRAYS, index_array_length, parse_group, shard_count, shard_key
 from ._shard import MappedShard, map_file, map_shard
+from ._vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["Segment"]
 
@@ -59,49 +62,86 @@ class Segment:
         self.key_bytes = arrays["key_bytes"]
         self.source_size = arrays["source_size"]
         self.source_mtime_ns = arrays["source_mtime_ns"]
-        # memoryviews give C-speed bisect with plain Python ints for single lookups
+        # memoryviews give C-speed bisect and slicing with plain Python ints for
+        # single lookups (the files are little-endian, as is every supported host)
+        native = sys.byteorder == "little"
         self._hash_mv: Sequence[int] = (
-            self.key_hash.view(np.uint8).data.cast("Q") if self.n else []
+            self.key_hash.view(np.uint8).data.cast("Q") if self.n and native else self.key_hash.tolist() if self.n else []
         )
+        self._row_mv: Sequence[int] = (
+            self.key_row.view(np.uint8).data.cast("q") if self.n and native else self.key_row.tolist()
+        )
+        self._off_mv: Sequence[int] = (
+            self.key_offsets.view(np.uint8).data.cast("Q") if native else self.key_offsets.tolist()
+        )
+        self._kb_mv = self.key_bytes.data
         self._shards: list[MappedShard | None] = [None] * shard_count(self.spec)
         self._lock = threading.Lock()
+        self._vrows: VirtualRows | None = None
+        self._all_mapped = False
+        item_nbytes = self.spec.item_nbytes
+        if self.n and virtual_rows_supported(self.rows_per_shard, item_nbytes):
+            try:
+                self._vrows = VirtualRows(self.n, self.item_shape, self.dtype, self.rows_per_shard)
+            except OSError:
+                self._vrows = None
 
     # -- keys ---------------------------------------------------------------
 
     def key_at(self, row: int) -> bytes:
         """Return the stored key bytes of ``row``."""
-        start, stop = int(self.key_offsets[row]), int(self.key_offsets[row + 1])
-        return self.key_bytes[start:stop].tobytes()
+        off = self._off_mv
+        return bytes(self._kb_mv[off[row] : off[row + 1]])
 
     def find(self, encoded: bytes, h: int) -> int:
         """Return the row of one key, or -1."""
         mv = self._hash_mv
         pos = bisect.bisect_left(mv, h)
-        n = self.n
+        n, off, kb = self.n, self._off_mv, self._kb_mv
         while pos < n and mv[pos] == h:
-            row = int(self.key_row[pos])
-            if self.key_at(row) == encoded:
+            row = self._row_mv[pos]
+            if kb[off[row] : off[row + 1]] == encoded:
                 return row
             pos += 1
         return -1
 
-    def find_many(self, encoded: Sequence[bytes], hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-        """Return the row of every key, -1 where absent (vectorised search)."""
+    def find_many(
+        self, encoded: Sequence[bytes], hashes: npt.NDArray[np.uint64]
+    ) -> npt.NDArray[np.int64]:
+        """Return the row of every key, -1 where absent.
+
+        The search and the byte-for-byte comparison of every candidate with
+        its stored key are vectorised; only hash collisions fall back to a scan.
+        """
         out = np.full(len(encoded), -1, dtype=np.int64)
         if self.n == 0 or len(encoded) == 0:
             return out
-        pos = np.searchsorted(self.key_hash, hashes, side="left")
-        pos_c = np.minimum(pos, self.n - 1)
-        hit = self.key_hash[pos_c] == hashes
-        cand = np.where(hit, self.key_row[pos_c], -1)
-        offs, kb = self.key_offsets, self.key_bytes
-        for i in np.flatnonzero(hit).tolist():
-            row = int(cand[i])
-            enc = encoded[i]
-            if kb[int(offs[row]) : int(offs[row + 1])].tobytes() == enc:
-                out[i] = row
-            else:  # hash collision: scan the run of equal hashes
-                out[i] = self.find(enc, int(hashes[i]))
+        pos = np.minimum(np.searchsorted(self.key_hash, hashes, side="left"), self.n - 1)
+        cand = np.flatnonzero(self.key_hash[pos] == hashes)
+        if len(cand) == 0:
+            return out
+        rows = self.key_row[pos[cand]]
+        starts = self.key_offsets[rows].astype(np.int64)
+        stored_len = self.key_offsets[rows + 1].astype(np.int64) - starts
+        query_len = np.fromiter((len(encoded[i]) for i in cand.tolist()), np.int64, len(cand))
+        same = stored_len == query_len
+        if np.any(same):
+            sel = np.flatnonzero(same)
+            lens = query_len[sel]
+            query = np.frombuffer(b"".join(encoded[i] for i in cand[sel].tolist()), np.uint8)
+            # position of every query byte inside key_bytes
+            first = np.zeros(len(sel), np.int64)
+            np.cumsum(lens[:-1], out=first[1:])
+            where = np.arange(len(query), dtype=np.int64) + np.repeat(starts[sel] - first, lens)
+            mismatch = (self.key_bytes[where] != query).astype(np.int64)
+            bad = np.zeros(len(sel), np.int64)
+            nonempty = lens > 0
+            if np.any(nonempty):
+                bad[nonempty] = np.add.reduceat(mismatch, first[nonempty]) if len(mismatch) else 0
+            same[sel] = bad == 0
+        out[cand[same]] = rows[same]
+        for i in cand[~same].tolist():  # hash collision (or a different key): scan
+            out[i] = self.find(encoded[i], int(hashes[i]))
         return out
 
     def key_list(self) -> list[str]:
@@ -115,29 +155,55 @@ class Segment:
     # -- vectors --------------------------------------------------------------
 
     def shard(self, k: int) -> MappedShard:
-        """Return shard ``k``, mapping it on first use."""
+        """Return shard ``k``, mapping (and checking) it on first use."""
         shard = self._shards[k]
         if shard is None:
             with self._lock:
                 shard = self._shards[k]
                 if shard is None:
-                    rel = shard_key(self.spec, k)
-                    rows = min(self.rows_per_shard, self.n - k * self.rows_per_shard)
-                    shard = map_shard(
-                        self.root / rel,
-                        self.root,
-                        rows=rows,
-                        rows_per_shard=self.rows_per_shard,
-                        item_shape=self.item_shape,
-                        dtype=self.dtype,
-                        expected_size=self.files[rel][0],
-                    )
+                    shard = self._map(k)
                     self._shards[k] = shard
+                    if all(x is not None for x in self._shards):
+                        self._all_mapped = True
         return shard
+
+    def _map(self, k: int) -> MappedShard:
+        rel = shard_key(self.spec, k)
+        path = self.root / rel
+        rows = min(self.rows_per_shard, self.n - k * self.rows_per_shard)
+        shard = map_shard(
+            path,
+            self.root,
+            rows=rows,
+            rows_per_shard=self.rows_per_shard,
+            item_shape=self.item_shape,
+            dtype=self.dtype,
+            expected_size=self.files[rel][0],
+        )
+        vrows = self._vrows
+        if vrows is None:
+            return shard
+        if shard.rows is None:  # rows not in layout order: give up the contiguous view
+            self._vrows = None
+            return shard
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            vrows.map_shard(k, fd, rows)
+        except OSError:
+            self._vrows = None
+            return shard
+        finally:
+            os.close(fd)
+        start = k * self.rows_per_shard
+        return MappedShard(None, vrows.rows[start : start + rows], None, self.dtype, self.item_shape)
 
     def row(self, row: int) -> npt.NDArray[np.generic]:
         """Return a copy-on-write view of one row."""
         k, i = divmod(row, self.rows_per_shard)
+        rows = self.shard(k).rows
+        if rows is not None:
+            view: npt.NDArray[np.generic] = rows[i]
+            return view
         return self.shard(k).row(i)
 
     def gather(self, rows: npt.NDArray[np.int64], out: npt.NDArray[np.generic]) -> None:
@@ -146,18 +212,42 @@ class Segment:
             return
         s = self.rows_per_shard
         shard_ids = rows // s
-        first = int(shard_ids[0])
-        if len(rows) == 1 or not np.any(shard_ids != first):
-            shard = self.shard(first)
-            if shard.rows is not None:
-                np.take(shard.rows, rows - first * s, axis=0, out=out)
+        vrows = self._vrows
+        if vrows is not None:
+            if not self._all_mapped:
+                for k in np.unique(shard_ids).tolist():
+                    self.shard(k)
+            if self._vrows is not None:  # still contiguous after mapping
+                np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
                 return
-        local = rows - shard_ids * s
-        for j, (k, i) in enumerate(zip(shard_ids.tolist(), local.tolist(), strict=True)):
-            out[j] = self.shard(k).row(i)
+        if len(self._shards) == 1 or not np.any(shard_ids != shard_ids[0]):
+            groups: list[tuple[int, npt.NDArray[np.intp] | None]] = [(int(shard_ids[0]), None)]
+        else:
+            order = np.argsort(shard_ids, kind="stable")
+            sorted_ids = shard_ids[order]
+            cuts = np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1
+            groups = [
+                (int(sorted_ids[a]), order[a:b])
+                for a, b in zip(
+                    [0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True
+                )
+            ]
+        for k, sel in groups:
+            shard = self.shard(k)
+            local = rows - k * s if sel is None else rows[sel] - k * s
+            if shard.rows is None:
+                dest = range(len(rows)) if sel is None else sel.tolist()
+                for j, i in zip(dest, local.tolist(), strict=True):
+                    out[j] = shard.row(i)
+            elif sel is None:
+                np.take(shard.rows, local, axis=0, out=out, mode="clip")
+            else:
+                out[sel] = shard.rows[local]
 
     def close(self) -> None:
         """Drop every mapping (views already handed out stay valid)."""
         self._shards = [None] * len(self._shards)
         self._buffers = []
+        self._vrows = None
+        self._all_mapped = False
 

@@ -1,0 +1,95 @@
+"""One contiguous virtual array over many shard files (Linux).
+
+A store's shards are separate files, but a batch gather is fastest as one
+``numpy.take`` over one array. This module reserves an address range for all
+rows of a store (``PROT_NONE``, no memory committed) and maps each shard's
+data region copy-on-write into its slot with ``MAP_FIXED``, so the rows of
+every shard form one C-contiguous ``(n, *item_shape)`` array. Slots are
+mapped on first use; touching a slot that is not mapped yet would fault, so
+callers map every shard they read first (:meth:`VirtualRows.ensure`).
+
+The range is unmapped only when no numpy view of it remains.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import weakref
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["VirtualRows", "virtual_rows_supported"]
+
+_PAGE = mmap.PAGESIZE
+_MAP_FIXED = 0x10  # identical on Linux and the BSDs
+_FAILED = ctypes.c_void_p(-1).value
+
+_libc: Any = None
+if sys.platform.startswith("linux"):
+    try:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+            ctypes.c_long,
+        ]
+        _libc.munmap.restype = ctypes.c_int
+        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        _libc = None
+
+
+def virtual_rows_supported(rows_per_shard: int, item_nbytes: int) -> bool:
+    """Whether shards of this geometry can be laid side by side in memory."""
+    return _libc is not None and (rows_per_shard * item_nbytes) % _PAGE == 0 and item_nbytes > 0
+
+
+def _munmap(address: int, length: int) -> None:
+    _libc.munmap(address, length)
+
+
+class VirtualRows:
+    """An ``(n, *item_shape)`` array whose slots are backed by shard files.
+
+    Parameters
+    ----------
+    n, item_shape, dtype
+        Shape and type of the whole array.
+    rows_per_shard
+        Rows per shard; ``rows_per_shard * item_nbytes`` must be a multiple of
+        the page size (see :func:`virtual_rows_supported`).
+    """
+
+    def __init__(
+        self, n: int, item_shape: tuple[int, ...], dtype: np.dtype[Any], rows_per_shard: int
+    ) -> None:
+        self.item_nbytes = int(np.prod(item_shape)) * dtype.itemsize
+        self.rows_per_shard = rows_per_shard
+        self.length = max(_PAGE, -(-n * self.item_nbytes // _PAGE) * _PAGE)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+        address = _libc.mmap(None, self.length, 0, flags, -1, 0)  # PROT_NONE
+        if address in (None, _FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot reserve {self.length} bytes of address space: {os.strerror(err)}")
+        self.address: int = address
+        buffer = (ctypes.c_char * self.length).from_address(address)
+        weakref.finalize(buffer, _munmap, address, self.length)
+        flat = np.frombuffer(memoryview(buffer), dtype=dtype, count=n * self.item_nbytes // dtype.itemsize)
+        self.rows: npt.NDArray[Any] = flat.reshape((n, *item_shape))
+        self.mapped = np.zeros(-(-n // rows_per_shard) if n else 0, dtype=bool)
+
+    def map_shard(self, k: int, fd: int, rows: int) -> None:
+        """Map the first ``rows`` rows of shard file ``fd`` into slot ``k``."""
+        length = rows * self.item_nbytes
+        target = self.address + k * self.rows_per_shard * self.item_nbytes
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        address = _libc.mmap(target, length, prot, mmap.MAP_PRIVATE | _MAP_FIXED, fd, 0)
+        if address != target:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot map shard {k}: {os.strerror(err)}")
+        self.mapped[k] = True

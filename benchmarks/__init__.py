@@ -1,0 +1,1 @@
+"""Benchmarks of tensorstore_cache against the ways users cache preprocessed vectors."""

@@ -65,15 +65,21 @@ class CorruptStoreError(TensorStoreCacheError, ValueError):
     Attributes
     ----------
     path : str or None
-        The offending file, when one file is to blame.
+        The offending file, when one file is to blame (the first one otherwise).
+    files : list of str
+        Every offending file known (``[path]`` for a single one, all the bad
+        files found by ``verify``).
     """
 
-    def __init__(self, message: str, path: str | None = None) -> None:
+    def __init__(
+        self, message: str, path: str | None = None, files: Sequence[str] = ()
+    ) -> None:
         super().__init__(message)
-        self.path = path
+        self.files: list[str] = [str(f) for f in files] or ([path] if path is not None else [])
+        self.path = path if path is not None else (self.files[0] if self.files else None)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.args[0], self.path))
+        return (type(self), (self.args[0], self.path, self.files))
 
 
 class KeyNotInStoreError(TensorStoreCacheError, KeyError):

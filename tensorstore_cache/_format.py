@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptStoreError
+from ._errors import CorruptStoreError, StoreNotFoundError
 from ._jsonio import read_json
 from ._spec import FORMAT_VERSION, StoreSpec
 
@@ -201,6 +201,15 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
     files_raw = attrs.get("files")
     if not isinstance(files_raw, dict):
         raise CorruptStoreError(f"{where}: files must be an object", where)
+    count = 1 + shard_count(spec) + sum(  # counted before listing them: n may be hostile
+        1 + (index_array_length(name, spec, key_bytes_len) > 0) for name in INDEX_ARRAYS
+    )
+    if len(files_raw) != count:
+        raise CorruptStoreError(
+            f"{where}: the file list has {len(files_raw)} entries but a store of {n} rows in "
+            f"shards of {rows} needs {count}; the metadata is damaged",
+            where,
+        )
     expected = expected_files(spec, key_bytes_len)
     if set(files_raw) != expected:
         odd = sorted(set(files_raw) ^ expected)[:3]
@@ -246,7 +255,16 @@ def parse_group(root: Path) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]
         If any metadata differs from what this format allows.
     """
     where = str(root / "zarr.json")
-    group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON)
+    try:
+        group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON)
+    except StoreNotFoundError:
+        if (root / VECTORS).is_dir() or (root / VECTORS).is_symlink():
+            raise CorruptStoreError(
+                f"{where} is missing but {root} holds store data; the store's metadata was "
+                "deleted - rebuild the store",
+                where,
+            ) from None
+        raise
     if group.get("zarr_format") != 3 or group.get("node_type") != "group":
         raise CorruptStoreError(f"{where} is not a zarr v3 group", where)
     attributes = group.get("attributes")
@@ -262,7 +280,7 @@ def parse_group(root: Path) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]
         wanted[name] = index_array_metadata(name, index_array_length(name, spec, key_bytes_len))
     for name, expected in wanted.items():
         path = root / name / "zarr.json"
-        found = read_json(path, max_bytes=MAX_ARRAY_JSON)
+        found = read_json(path, max_bytes=MAX_ARRAY_JSON, root=root)
         if found != expected:
             raise CorruptStoreError(
                 f"{path} does not describe the array this store needs (dtype, shape, "

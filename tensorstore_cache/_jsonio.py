@@ -7,17 +7,46 @@ so a hostile ``zarr.json`` costs bounded time and memory and never runs code.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
+import stat
 from pathlib import Path
 from typing import Any
 
 from ._errors import CorruptStoreError, StoreNotFoundError
 
-__all__ = ["MAX_DEPTH", "fsync_dir", "read_json", "write_bytes_durable", "write_json_durable"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_VALUES",
+    "fsync_dir",
+    "io_step",
+    "open_regular",
+    "read_json",
+    "write_bytes_durable",
+    "write_json_durable",
+]
 
 #: Deepest nesting accepted in a metadata file.
 MAX_DEPTH = 32
+#: Most JSON values (roughly: commas and brackets) accepted in a metadata file,
+#: counted before decoding so that a small file cannot expand into gigabytes of objects.
+MAX_VALUES = 2_000_000
+
+# Crash-test hook: with TSC_TEST_KILL_AT=k in the environment, the k-th build I/O
+# step of this process (each mkdir, write, fsync, rename) SIGKILLs it just before
+# the step runs; k=-1 only counts the steps (in ``_io_trace``). Unset: one global test.
+_KILL_AT = int(os.environ.get("TSC_TEST_KILL_AT") or 0)
+_io_trace: list[str] = []
+
+
+def io_step(what: str) -> None:
+    """Mark one build I/O step (a no-op unless the crash-test hook is armed)."""
+    if _KILL_AT:
+        _io_trace.append(what)
+        if len(_io_trace) == _KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _reject_constant(name: str) -> Any:
@@ -52,7 +81,38 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def read_json(path: Path, *, max_bytes: int) -> dict[str, Any]:
+def open_regular(path: Path, root: Path) -> int:
+    """Open a store file read-only and return its descriptor.
+
+    Refuses a file that resolves outside ``root`` (through a symlinked
+    directory), a symlink, and anything that is not a regular file (a FIFO
+    would block the reader, a device could be endless).
+
+    Raises
+    ------
+    CorruptStoreError
+        If the file is missing or refused.
+    """
+    real = os.path.realpath(path)
+    base = os.path.realpath(root)
+    if os.path.commonpath([real, base]) != base:
+        raise CorruptStoreError(f"{path} resolves outside the store ({real}); refusing it", str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise CorruptStoreError(
+            f"{path} is missing; the store is incomplete (run verify, then rebuild it)", str(path)
+        ) from None
+    except OSError as exc:
+        kind = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be opened: {exc}"
+        raise CorruptStoreError(f"{path} {kind}; refusing it", str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptStoreError(f"{path} is not a regular file; refusing it", str(path))
+    return fd
+
+
+def read_json(path: Path, *, max_bytes: int, root: Path | None = None) -> dict[str, Any]:
     """Read a metadata file strictly.
 
     Parameters
@@ -61,6 +121,10 @@ def read_json(path: Path, *, max_bytes: int) -> dict[str, Any]:
         The JSON file.
     max_bytes
         Largest accepted file size; larger files are rejected before reading.
+    root
+        The store directory: when given, ``path`` must be a regular file
+        inside it (see :func:`open_regular`) and a missing file is a
+        :class:`CorruptStoreError`.
 
     Returns
     -------
@@ -70,29 +134,46 @@ def read_json(path: Path, *, max_bytes: int) -> dict[str, Any]:
     Raises
     ------
     StoreNotFoundError
-        If the file does not exist.
+        If the file does not exist (and no ``root`` is given).
     CorruptStoreError
-        If the file is too large, too deeply nested, not UTF-8, not a JSON
-        object, or contains duplicate keys or non-standard constants.
+        If the file is too large, holds too many values, is too deeply
+        nested, not UTF-8, not a JSON object, or contains duplicate keys or
+        non-standard constants.
     """
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > max_bytes:
-                raise CorruptStoreError(
-                    f"{path} is {size} bytes, more than the {max_bytes} allowed for "
-                    "this metadata file; the store is damaged or not a tensorstore_cache store",
-                    str(path),
-                )
-            raw = f.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise StoreNotFoundError(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise CorruptStoreError(f"{path} is a directory, expected a JSON file", str(path)) from None
+    if root is not None:
+        fd = open_regular(path, root)
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"{path} does not exist") from None
+        except OSError as exc:
+            raise CorruptStoreError(f"{path} cannot be opened ({exc}); refusing it", str(path)) from None
+    with open(fd, "rb", closefd=True) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptStoreError(f"{path} is not a regular file, expected a JSON file", str(path))
+        if st.st_size > max_bytes:
+            raise CorruptStoreError(
+                f"{path} is {st.st_size} bytes, more than the {max_bytes} allowed for "
+                "this metadata file; the store is damaged or not a tensorstore_cache store",
+                str(path),
+            )
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise CorruptStoreError(f"{path} grew past {max_bytes} bytes while being read", str(path))
+    values = raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+    if values > MAX_VALUES:
+        raise CorruptStoreError(
+            f"{path} holds about {values} JSON values, more than the {MAX_VALUES} allowed; "
+            "refusing it",
+            str(path),
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CorruptStoreError(f"{path} is not UTF-8 text: {exc}", str(path)) from None
+    del raw
     try:
         value = json.loads(
             text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
@@ -108,28 +189,42 @@ def read_json(path: Path, *, max_bytes: int) -> dict[str, Any]:
     return value
 
 
+#: fsync errors meaning "directories cannot be synced here", not "the data is lost".
+_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EISDIR})
+
+
 def fsync_dir(path: Path) -> None:
-    """Flush a directory entry to disk (a no-op where directories cannot be opened)."""
+    """Flush a directory entry to disk.
+
+    A no-op where directories cannot be opened or synced (``EINVAL`` and the
+    like); a real I/O error (``EIO``, ``ENOSPC``, ...) is raised, because it
+    means earlier writes may be lost.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return
     try:
+        io_step("fsync_dir")
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in _FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)
 
 
 def write_bytes_durable(path: Path, data: bytes | memoryview) -> None:
     """Create ``path`` with ``data`` and fsync it. The file must not exist yet."""
+    io_step("create")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)
         while view:
+            io_step("write")
             written = os.write(fd, view)
             view = view[written:]
+        io_step("fsync")
         os.fsync(fd)
     finally:
         os.close(fd)

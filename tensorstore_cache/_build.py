@@ -40,7 +40,7 @@ from ._format import (
 from ._jsonio import fsync_dir, write_bytes_durable, write_json_durable
 from ._keys import encode_key, hash_encoded, normalize_keys
 from ._loader import ImageLoader
-from ._shard import write_shard
+from ._shard import remove_partials, write_shard
 from ._spec import StoreSpec
 from ._store import CacheStore, open_store
 
@@ -128,9 +128,20 @@ def run_shard(task: ShardTask) -> ShardResult:
     if result.failures and not task.write_on_failure:
         return result
     path = Path(task.root) / task.rel
-    result.size, result.checksum = write_shard(path, block, task.rows_per_shard)
-    for d in (path.parent, path.parent.parent, path.parent.parent.parent):
+    # Create the shard's directories below the build's vectors/ only: if the build
+    # was abandoned (its directory removed or published), a late or retried task
+    # fails here instead of recreating it. write_shard replaces atomically, so a
+    # retried task overwrites whatever a killed attempt left.
+    base = Path(task.root) / VECTORS
+    d = base
+    for part in Path(task.rel).parts[1:-1]:  # "c", shard number, "0"...
+        d = d / part
+        d.mkdir(exist_ok=True)
+    result.size, result.checksum = write_shard(path, block, task.rows_per_shard, parents=False)
+    d = path.parent
+    while d != base.parent:
         fsync_dir(d)
+        d = d.parent
     return result
 
 
@@ -379,9 +390,24 @@ def build_store(
         attrs = _build_into(tmp, spec, keys, fn, nworkers, on_error, progress, executor, target)
         _publish(tmp, target, attrs, overwrite)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         raise
     return open_store(target)
+
+
+def _discard(tmp: Path) -> None:
+    """Remove an abandoned build directory.
+
+    It is renamed first: a task still running somewhere (an executor cannot
+    always stop a started task) addresses files by the old name, so it can no
+    longer create anything the removal would miss.
+    """
+    doomed = tmp.with_name(tmp.name + ".discard")
+    try:
+        tmp.rename(doomed)
+    except OSError:
+        doomed = tmp
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _build_into(
@@ -407,6 +433,7 @@ def _build_into(
         for k in range(math.ceil(n / s))
     ]
     results = _run_tasks(tasks, nworkers, progress, executor, target, n)
+    remove_partials(tmp / VECTORS)  # left by attempts killed mid-write, then retried
     failures: list[tuple[int, str]] = []
     sizes = np.empty(n, dtype=np.int64)
     mtimes = np.empty(n, dtype=np.int64)
@@ -476,12 +503,19 @@ def _run_tasks(
 
 
 def _collect(pool: Executor, tasks: list[ShardTask], bar: Any) -> dict[str, ShardResult]:
-    futures: dict[Future[ShardResult], ShardTask] = {pool.submit(run_shard, t): t for t in tasks}
+    futures: dict[Future[ShardResult], ShardTask] = {}
     results: dict[str, ShardResult] = {}
     try:
+        for t in tasks:
+            futures[pool.submit(run_shard, t)] = t
         for fut in as_completed(futures):
             task = futures[fut]
-            results[task.rel] = fut.result()
+            try:
+                results[task.rel] = fut.result()
+            except Exception as exc:
+                first = task.keys[0] if task.keys else "-"
+                exc.add_note(f"while building shard {task.rel} ({len(task.keys)} sources from {first!r})")
+                raise
             bar.update(len(task.keys))
     except BaseException:
         for fut in futures:

@@ -11,9 +11,11 @@ elsewhere (written by another zarr writer) is still read, row by row.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +26,19 @@ import xxhash
 
 from ._errors import CorruptStoreError
 
-__all__ = ["MappedShard", "file_checksum", "map_shard", "shard_file_size", "write_shard"]
+__all__ = [
+    "MappedShard",
+    "PARTIAL_SUFFIX",
+    "file_checksum",
+    "map_shard",
+    "remove_partials",
+    "shard_file_size",
+    "write_shard",
+]
 
 _EMPTY = np.uint64(2**64 - 1)
+#: Suffix of a shard file being written (``<shard>.<uuid>.partial``).
+PARTIAL_SUFFIX = ".partial"
 
 
 def shard_file_size(rows: int, rows_per_shard: int, item_nbytes: int) -> int:
@@ -43,17 +55,29 @@ def _index_bytes(rows: int, rows_per_shard: int, item_nbytes: int) -> bytes:
     return raw + crc.to_bytes(4, "little")
 
 
-def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int) -> tuple[int, str]:
-    """Create the shard file ``path`` from ``block`` (rows x item) and fsync it.
+def write_shard(
+    path: Path, block: npt.NDArray[np.generic], rows_per_shard: int, *, parents: bool = True
+) -> tuple[int, str]:
+    """Write the shard file ``path`` from ``block`` (rows x item), fsynced, atomically.
+
+    The bytes go to ``<path>.<uuid>.partial`` first, which then replaces
+    ``path`` with one ``os.replace``: a reader or a retried task never finds a
+    half-written file at ``path``, and a task killed part-way leaves only a
+    ``.partial`` file behind (see :func:`remove_partials`). Writing the same
+    shard twice (a retried task) is safe; the last complete write wins.
 
     Parameters
     ----------
     path
-        Target file; must not exist.
+        Target file; an existing file there is replaced.
     block
         The shard's rows, shape ``(m, *item_shape)`` with ``m <= rows_per_shard``.
     rows_per_shard
         The array's shard length ``S``.
+    parents
+        Create missing parent directories. With ``False`` the parent must
+        exist (a late task of an abandoned build then fails instead of
+        recreating the build directory).
 
     Returns
     -------
@@ -67,17 +91,37 @@ def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int)
     item_nbytes = data.nbytes // rows if rows else 0
     tail = _index_bytes(rows, rows_per_shard, item_nbytes)
     digest = xxhash.xxh3_128()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    if parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        for part in (data.reshape(-1).view(np.uint8).data, memoryview(tail)):
-            digest.update(part)
-            while part:
-                part = part[os.write(fd, part):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            for part in (data.reshape(-1).view(np.uint8).data, memoryview(tail)):
+                digest.update(part)
+                while part:
+                    part = part[os.write(fd, part):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
     return data.nbytes + len(tail), digest.hexdigest()
+
+
+def remove_partials(root: Path) -> int:
+    """Delete every ``*.partial`` file under ``root`` (left by killed writers); return the count."""
+    count = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            if name.endswith(PARTIAL_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dirpath, name))
+                    count += 1
+    return count
 
 
 def file_checksum(path: Path, chunk: int = 8 << 20) -> tuple[int, str]:

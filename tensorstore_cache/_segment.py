@@ -88,19 +88,45 @@ class Segment:
 
     # -- keys ---------------------------------------------------------------
 
+    # The index arrays are checked where they are used (O(1) per lookup), not
+    # at open: a damaged index raises CorruptStoreError instead of an IndexError
+    # or a wrong answer, and opening stays O(1).
+
+    def _bad_index(self, name: str, detail: str) -> CorruptStoreError:
+        path = self.root / name / "c" / "0"
+        return CorruptStoreError(
+            f"{path}: {detail}; the store's index is damaged (run verify, then rebuild it)",
+            str(path),
+        )
+
+    def _key_span(self, row: int) -> tuple[int, int]:
+        off = self._off_mv
+        start, stop = off[row], off[row + 1]
+        if not start <= stop <= len(self._kb_mv):
+            raise self._bad_index(
+                "key_offsets", f"row {row} has key bytes [{start}, {stop}) outside the "
+                f"{len(self._kb_mv)} stored"
+            )
+        return start, stop
+
     def key_at(self, row: int) -> bytes:
         """Return the stored key bytes of ``row``."""
-        off = self._off_mv
-        return bytes(self._kb_mv[off[row] : off[row + 1]])
+        if not 0 <= row < self.n:
+            raise IndexError(f"row {row} is out of range for {self.n} rows")
+        start, stop = self._key_span(row)
+        return bytes(self._kb_mv[start:stop])
 
     def find(self, encoded: bytes, h: int) -> int:
         """Return the row of one key, or -1."""
         mv = self._hash_mv
         pos = bisect.bisect_left(mv, h)
-        n, off, kb = self.n, self._off_mv, self._kb_mv
+        n, kb = self.n, self._kb_mv
         while pos < n and mv[pos] == h:
             row = self._row_mv[pos]
-            if kb[off[row] : off[row + 1]] == encoded:
+            if not 0 <= row < n:
+                raise self._bad_index("key_row", f"entry {pos} names row {row} of {n}")
+            start, stop = self._key_span(row)
+            if kb[start:stop] == encoded:
                 return row
             pos += 1
         return -1
@@ -120,9 +146,16 @@ class Segment:
         cand = np.flatnonzero(self.key_hash[pos] == hashes)
         if len(cand) == 0:
             return out
-        rows = self.key_row[pos[cand]]
-        starts = self.key_offsets[rows].astype(np.int64)
-        stored_len = self.key_offsets[rows + 1].astype(np.int64) - starts
+        rows: npt.NDArray[np.int64] = np.asarray(self.key_row[pos[cand]], dtype=np.int64)
+        if int(rows.min()) < 0 or int(rows.max()) >= self.n:
+            bad_row = int(rows[(rows < 0) | (rows >= self.n)][0])
+            raise self._bad_index("key_row", f"an entry names row {bad_row} of {self.n}")
+        offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
+        starts_u, stops_u = offsets[rows], offsets[rows + 1]
+        if np.any(stops_u < starts_u) or int(stops_u.max()) > len(self.key_bytes):
+            raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
+        starts = starts_u.astype(np.int64)
+        stored_len = stops_u.astype(np.int64) - starts
         query_len = np.fromiter((len(encoded[i]) for i in cand.tolist()), np.int64, len(cand))
         same = stored_len == query_len
         if np.any(same):
@@ -146,8 +179,13 @@ class Segment:
 
     def key_list(self) -> list[str]:
         """Return every key in row order (decodes all of them)."""
+        offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
+        if self.n and (
+            np.any(offsets[1:] < offsets[:-1]) or int(offsets[-1]) > len(self.key_bytes)
+        ):
+            raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
         raw = self.key_bytes.tobytes()
-        offs = self.key_offsets.tolist()
+        offs = offsets.tolist()
         return [
             raw[offs[i] : offs[i + 1]].decode("utf-8", "surrogateescape") for i in range(self.n)
         ]

@@ -227,6 +227,29 @@ class CacheStore:
             out[sel] = part
         return out
 
+    # -- integrity ------------------------------------------------------------
+
+    def verify(self) -> None:
+        """Re-read every file of the store and compare it with the checksums of the build.
+
+        Checks each segment's metadata, the size and XXH3-128 of every data
+        and index file, and that no file is missing and none was added. It
+        reads the whole store once (at disk speed) and changes nothing.
+
+        Raises
+        ------
+        CorruptStoreError
+            Naming every damaged, missing or unexpected file (``.files``).
+
+        Examples
+        --------
+        >>> tsc.open_store("covers.tsc").verify()  # doctest: +SKIP
+        """
+        from ._verify import verify_store
+
+        self._check_open()
+        verify_store(self).raise_if_bad()
+
     # -- lifetime -------------------------------------------------------------
 
     def close(self) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy.typing as npt
 import xxhash
 
 from ._errors import CorruptStoreError
+from ._jsonio import io_step, open_regular
 
 __all__ = [
     "MappedShard",
@@ -92,18 +92,23 @@ def write_shard(
     tail = _index_bytes(rows, rows_per_shard, item_nbytes)
     digest = xxhash.xxh3_128()
     if parents:
+        io_step("mkdir")
         path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    io_step("create")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
             for part in (data.reshape(-1).view(np.uint8).data, memoryview(tail)):
                 digest.update(part)
                 while part:
+                    io_step("write")
                     part = part[os.write(fd, part):]
+            io_step("fsync")
             os.fsync(fd)
         finally:
             os.close(fd)
+        io_step("rename")
         os.replace(partial, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -166,25 +171,6 @@ class MappedShard:
         return flat.reshape(self.item_shape)
 
 
-def _open_regular(path: Path, root: Path) -> int:
-    """Open ``path`` read-only, refusing symlinks, non-files and escapes from ``root``."""
-    real = os.path.realpath(path)
-    if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
-        raise CorruptStoreError(f"{path} resolves outside the store ({real}); refusing it", str(path))
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        raise CorruptStoreError(
-            f"{path} is missing; the store is incomplete (run verify, then rebuild it)", str(path)
-        ) from None
-    except OSError as exc:
-        raise CorruptStoreError(f"{path} cannot be opened: {exc}", str(path)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CorruptStoreError(f"{path} is not a regular file", str(path))
-    return fd
-
-
 def map_file(path: Path, root: Path, expected_size: int, *, copy_on_write: bool) -> mmap.mmap | None:
     """Map a whole store file after checking its size; ``None`` for an empty file.
 
@@ -195,7 +181,7 @@ def map_file(path: Path, root: Path, expected_size: int, *, copy_on_write: bool)
         exactly ``expected_size`` bytes (a truncated file would otherwise
         kill the reader with SIGBUS).
     """
-    fd = _open_regular(path, root)
+    fd = open_regular(path, root)
     try:
         size = os.fstat(fd).st_size
         if size != expected_size:
@@ -249,7 +235,10 @@ def map_shard(
             "is incomplete - rebuild it",
             str(path),
         )
-    if np.any(nbytes != item_nbytes) or np.any(off + nbytes > start):
+    # off <= start - item_nbytes, written so that a hostile offset near 2**64 cannot wrap around
+    if rows and (
+        start < item_nbytes or np.any(nbytes != item_nbytes) or np.any(off > start - item_nbytes)
+    ):
         raise CorruptStoreError(f"{path}: shard index points outside the data", str(path))
     if np.array_equal(off, np.arange(rows, dtype="<u8") * np.uint64(item_nbytes)):
         count = rows * item_nbytes // dtype.itemsize

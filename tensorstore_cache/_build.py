@@ -19,7 +19,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from ._format import (
     shard_key,
     vectors_metadata,
 )
-from ._jsonio import fsync_dir, write_bytes_durable, write_json_durable
+from ._jsonio import exchange_dirs, fsync_dir, io_step, write_bytes_durable, write_json_durable
 from ._keys import encode_key, hash_encoded, normalize_keys
 from ._loader import ImageLoader
 from ._shard import remove_partials, write_shard
@@ -136,6 +136,7 @@ def run_shard(task: ShardTask) -> ShardResult:
     d = base
     for part in Path(task.rel).parts[1:-1]:  # "c", shard number, "0"...
         d = d / part
+        io_step("mkdir")
         d.mkdir(exist_ok=True)
     result.size, result.checksum = write_shard(path, block, task.rows_per_shard, parents=False)
     d = path.parent
@@ -229,10 +230,12 @@ def _write_index(
 
     for name, dtype in INDEX_ARRAYS.items():
         data = np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<"))
+        io_step("mkdir")
         (root / name).mkdir()
         write_json_durable(root / name / "zarr.json", index_array_metadata(name, len(data)))
         files[f"{name}/zarr.json"] = _file_entry(root / name / "zarr.json")
         if len(data):
+            io_step("mkdir")
             (root / name / "c").mkdir()
             raw = data.tobytes()
             write_bytes_durable(root / name / "c" / "0", raw)
@@ -385,6 +388,7 @@ def build_store(
     target.parent.mkdir(parents=True, exist_ok=True)
     collect_debris(target)
     tmp = _tmp_sibling(target)
+    io_step("mkdir")
     tmp.mkdir()
     try:
         attrs = _build_into(tmp, spec, keys, fn, nworkers, on_error, progress, executor, target)
@@ -426,6 +430,7 @@ def _build_into(
     if n and spec.item_shape == (0,):
         every = [(k, "the loader failed on every source") for k in keys]
         raise BuildError(_failure_message(every, n, target), every)
+    io_step("mkdir")
     (tmp / VECTORS).mkdir()
     tasks = [
         ShardTask(str(tmp), shard_key(spec, k), keys[k * s : (k + 1) * s], fn, spec.dtype,
@@ -517,6 +522,16 @@ def _collect(pool: Executor, tasks: list[ShardTask], bar: Any) -> dict[str, Shar
                 exc.add_note(f"while building shard {task.rel} ({len(task.keys)} sources from {first!r})")
                 raise
             bar.update(len(task.keys))
+    except BrokenExecutor as exc:
+        for fut in futures:
+            fut.cancel()
+        left = [t.rel for t in tasks if t.rel not in results]
+        raise BuildError(
+            f"a worker process died abruptly (killed by a signal, out of memory, or a crash "
+            f"in native code) with {len(left)} shard(s) unfinished (e.g. {left[:3]}); nothing "
+            "was published. Build again; if it keeps failing, build with workers=1 to find "
+            "the source that crashes the loader."
+        ) from exc
     except BaseException:
         for fut in futures:
             fut.cancel()
@@ -540,9 +555,20 @@ def _publish(tmp: Path, target: Path, attrs: dict[str, Any], overwrite: bool) ->
     fsync_dir(tmp)
     old: Path | None = None
     if overwrite and (target.exists() or target.is_symlink()):
-        old = target.parent / f".{target.name}.tsc-old-{uuid.uuid4().hex[:8]}"
+        # one atomic swap where the system has it: readers see the old or the new store
+        io_step("rename")
+        if exchange_dirs(tmp, target):
+            fsync_dir(target.parent)
+            if tmp.is_symlink():
+                tmp.unlink()
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        # named like a build directory, so collect_debris removes it if we die here
+        old = tmp.with_name(tmp.name + ".old")
+        io_step("rename")
         target.rename(old)
     try:
+        io_step("rename")
         tmp.rename(target)
     except OSError as exc:
         if old is not None:

@@ -7,6 +7,7 @@ so a hostile ``zarr.json`` costs bounded time and memory and never runs code.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -20,6 +21,7 @@ from ._errors import CorruptStoreError, StoreNotFoundError
 __all__ = [
     "MAX_DEPTH",
     "MAX_VALUES",
+    "exchange_dirs",
     "fsync_dir",
     "io_step",
     "open_regular",
@@ -212,6 +214,36 @@ def fsync_dir(path: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+_renameat2: Any = None
+try:
+    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    _renameat2.restype = ctypes.c_int
+except (OSError, AttributeError):  # not Linux, or a C library without renameat2
+    _renameat2 = None
+
+
+def exchange_dirs(a: Path, b: Path) -> bool:
+    """Atomically swap two directory entries (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns
+    -------
+    bool
+        ``True`` if swapped; ``False`` where the system or file system cannot
+        (the caller then falls back to two renames). Other errors are raised.
+    """
+    if _renameat2 is None:
+        return False
+    at_fdcwd = -100
+    if _renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def write_bytes_durable(path: Path, data: bytes | memoryview) -> None:

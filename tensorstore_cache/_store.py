@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +16,9 @@ from ._errors import KeyNotInStoreError, StoreNotFoundError
 from ._keys import encode_key, hash_encoded, normalize_key, normalize_keys
 from ._segment import Segment
 from ._spec import StoreSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["CacheStore", "open_store"]
 
@@ -249,6 +252,60 @@ class CacheStore:
 
         self._check_open()
         verify_store(self).raise_if_bad()
+
+    # -- pandas and batches -----------------------------------------------------
+
+    def series(
+        self, paths: Iterable[str | os.PathLike[str]], *, name: Hashable | None = None
+    ) -> pd.Series[Any]:
+        """Return the vector of every path as a pandas Series aligned to ``paths``.
+
+        The drop-in for a column of vectors: ``df["img_vector"] =
+        store.series(df["img_path"])`` gives every row the vector of its own
+        path, whatever the order, filtering or repeats of ``df``.
+
+        Parameters
+        ----------
+        paths
+            A pandas Series of paths (its index is kept), or any iterable of
+            paths (the result then has a RangeIndex). Repeats allowed.
+        name
+            Name of the returned Series.
+
+        Returns
+        -------
+        pandas.Series
+            ``object`` dtype; element ``i`` is the ``(C, H, W)`` copy-on-write
+            view of the store's vector of ``paths[i]`` (zero-copy, shared with
+            every process mapping the store; copy it before writing to it).
+
+        Raises
+        ------
+        KeyNotInStoreError
+            Naming every path that is not in the store.
+
+        Examples
+        --------
+        >>> df["img_vector"] = store.series(df["img_path"])  # doctest: +SKIP
+        """
+        from ._pandas import series
+
+        return series(self, paths, name=name)
+
+    def stack(
+        self, paths: Iterable[str | os.PathLike[str]], out: npt.NDArray[Any] | None = None
+    ) -> npt.NDArray[Any]:
+        """Return the vectors of ``paths`` as one ``(B, *item_shape)`` array, in order.
+
+        ``store.stack(paths)`` is ``store.take(store.rows(paths), out)``.
+
+        Examples
+        --------
+        >>> x = store.stack(df["img_path"])  # doctest: +SKIP
+        >>> x.shape                          # doctest: +SKIP
+        (1000, 3, 32, 32)
+        """
+        return self.take(self.rows(paths), out=out)
 
     # -- lifetime -------------------------------------------------------------
 

@@ -66,21 +66,26 @@ def _rate(fn: Any, args: list[Any], budget_s: float, max_calls: int) -> dict[str
     return {"calls": calls, "seconds": elapsed, "per_s": calls / elapsed if elapsed else 0.0}
 
 
+def _count(batch: Any) -> int:
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    elif isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    return int(batch.shape[0])
+
+
 def _dataloader_epoch(column: Any) -> dict[str, Any]:
     import torch
-    from torch.utils.data import DataLoader
 
     torch.manual_seed(0)
     # The agent was started with the spawn context, which makes spawn this process's
     # default too; a training script started as a fresh interpreter gets the platform's
     # default, which is fork on Linux with Python < 3.14.
-    context = DATALOADER_CONTEXT
-    loader = DataLoader(column.dataset(), batch_size=BATCH, shuffle=True, num_workers=2,
-                        multiprocessing_context=context)
+    loader = column.dataloader(BATCH, 2, DATALOADER_CONTEXT)
     t0 = time.perf_counter()
     items = 0
     for batch in loader:
-        items += int(batch.shape[0])
+        items += _count(batch)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "items": items, "items_per_s": items / seconds if seconds else 0.0}
 

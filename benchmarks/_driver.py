@@ -40,9 +40,23 @@ class AgentError(RuntimeError):
 
 
 def memory_of(pid: int) -> dict[str, int]:
-    """USS, PSS and RSS of a live process, in bytes."""
+    """USS, PSS, RSS and anonymous memory of a live process, in bytes.
+
+    USS counts every page mapped by this process only, file pages included: one
+    process reading a memory-mapped file has those page-cache pages in its USS until a
+    second process maps them too. ``anon`` (from ``/proc/PID/smaps_rollup``) counts only
+    anonymous memory (heap, copies), which no other process can share.
+    """
     info = psutil.Process(pid).memory_full_info()
-    return {"uss": int(info.uss), "pss": int(info.pss), "rss": int(info.rss)}
+    out = {"uss": int(info.uss), "pss": int(info.pss), "rss": int(info.rss)}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Anonymous:"):
+                    out["anon"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
 
 
 def _recv(conn: Any, proc: Any, deadline: float, what: str) -> tuple[str, dict[str, Any]]:

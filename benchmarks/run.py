@@ -94,6 +94,11 @@ def _mem_summary(mem: dict[str, Any]) -> dict[str, Any]:
     server_pss = sum(s["pss"] for s in servers)
     out["uss_total_bytes"] = sum(a["uss"] for a in agents) + server_uss
     out["pss_total_bytes"] = sum(a["pss"] for a in agents) + server_pss
+    if all("anon" in m for m in [*agents, *servers]):
+        out["agents_anon_bytes"] = [a["anon"] for a in agents]
+        if base and "anon" in base:
+            out["anon_growth_bytes"] = (sum(a["anon"] - base["anon"] for a in agents)
+                                        + sum(s["anon"] for s in servers))
     if base:
         out["uss_growth_bytes"] = sum(a["uss"] - base["uss"] for a in agents) + server_uss
         out["pss_growth_bytes"] = sum(a["pss"] - base["pss"] for a in agents) + server_pss
@@ -150,6 +155,9 @@ def bench_method(name: str, cfg: Config, paths: list[str], paths_file: str) -> d
         rec["pss_total_bytes_4_agents"] = top["pss_total_bytes"] if "4" in rec["memory"] else None
         rec["uss_growth_bytes_4_agents"] = (
             top.get("uss_growth_bytes") if "4" in rec["memory"] else None
+        )
+        rec["anon_growth_bytes_4_agents"] = (
+            top.get("anon_growth_bytes") if "4" in rec["memory"] else None
         )
     finally:
         method.teardown()

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import Column, Method
+from ._base import PASS_BATCH, Column, Method
 
 
 class ManagerColumn(Column):
@@ -33,7 +33,7 @@ class ManagerColumn(Column):
     def batch(self, rows: np.ndarray) -> np.ndarray:
         return np.stack([self.fetch(self.shared, self.paths[r]) for r in rows.tolist()])
 
-    def full_pass(self, batch_size: int = 256) -> float:
+    def full_pass(self, batch_size: int = PASS_BATCH) -> float:
         return float(sum(float(v.sum(dtype=np.float64)) for v in self.vectors))
 
 

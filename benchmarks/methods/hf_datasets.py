@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import ITEM_SHAPE, Column, Method, default_loader
+from ._base import ITEM_SHAPE, PASS_BATCH, Column, Method, default_loader
 
 NUM_PROC = 2
 
@@ -49,7 +49,14 @@ class HfColumn(Column):
     def batch(self, rows: np.ndarray) -> np.ndarray:
         return self.vec[self.rows[rows]]["vector"]
 
-    def full_pass(self, batch_size: int = 256) -> float:
+    def dataloader(self, batch_size: int, num_workers: int, context: Any) -> Any:
+        # the library's documented way: the formatted Dataset itself in a DataLoader
+        from torch.utils.data import DataLoader
+
+        return DataLoader(self.vec, batch_size=batch_size, shuffle=True,
+                          num_workers=num_workers, multiprocessing_context=context)
+
+    def full_pass(self, batch_size: int = PASS_BATCH) -> float:
         total = 0.0
         for start in range(0, self.n, batch_size):
             total += float(self.vec[start : start + batch_size]["vector"].sum(dtype=np.float64))

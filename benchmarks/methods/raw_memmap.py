@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import ITEM_SHAPE, Column, Method, default_loader
+from ._base import ITEM_SHAPE, PASS_BATCH, Column, Method, default_loader
 
 
 def _open(filename: str | os.PathLike[str], n: int) -> np.ndarray:
@@ -41,13 +41,15 @@ class RawColumn(Column):
     def batch(self, rows: np.ndarray) -> np.ndarray:
         return self.data[self.rows[rows]]
 
-    def full_pass(self, batch_size: int = 4096) -> float:
+    def full_pass(self, batch_size: int = PASS_BATCH) -> float:
         total = 0.0
         for start in range(0, self.n, batch_size):
             total += float(self.data[start : start + batch_size].sum(dtype=np.float64))
         return total
 
     def dataset(self) -> Any:
+        # a path and an index array: nothing for fork to copy page by page, and the
+        # memmap is opened in each worker (pickling a memmap would copy the data)
         return RawDataset(self.filename, len(self.data), self.rows)
 
 
@@ -65,6 +67,11 @@ class RawDataset:
         if self._data is None:
             self._data = _open(self.filename, self.n)
         return self._data[self.rows[i]]
+
+    def __getitems__(self, indices: list[int]) -> np.ndarray:
+        if self._data is None:
+            self._data = _open(self.filename, self.n)
+        return self._data[self.rows[np.asarray(indices, dtype=np.int64)]]
 
 
 class RawMemmap(Method):

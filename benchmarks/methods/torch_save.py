@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import Column, Method, default_loader
+from ._base import PASS_BATCH, Column, Method, default_loader
 
 UNSAFE_NOTE = (
     "torch_save: torch.load(..., weights_only=False) unpickles the cache file, "
@@ -52,7 +52,7 @@ class TorchSaveColumn(Column):
         vectors = self.vectors
         return np.stack([vectors[r] for r in rows.tolist()])
 
-    def full_pass(self, batch_size: int = 256) -> float:
+    def full_pass(self, batch_size: int = PASS_BATCH) -> float:
         return float(sum(float(v.sum(dtype=np.float64)) for v in self.vectors))
 
 

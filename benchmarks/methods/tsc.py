@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import SIZE, Column, Method
+from ._base import PASS_BATCH, SIZE, Column, Method
 
 WORKERS = 2
 
@@ -49,7 +49,7 @@ class TscColumn(Column):
     def batch(self, rows: np.ndarray) -> np.ndarray:
         return self.store.take(self.rows[rows])
 
-    def full_pass(self, batch_size: int = 256) -> float:
+    def full_pass(self, batch_size: int = PASS_BATCH) -> float:
         out = np.empty((batch_size, *self.store.spec.item_shape), dtype=self.store.dtype)
         total = 0.0
         for start in range(0, self.n, batch_size):
@@ -58,33 +58,16 @@ class TscColumn(Column):
             total += float(got.sum(dtype=np.float64))
         return total
 
-    def dataset(self) -> Any:
-        try:
-            from tensorstore_cache.torch import StoreDataset
-        except ImportError:
-            return LazyStoreDataset(self.store.location, self.paths)
-        return StoreDataset(self.store, self.paths)
+    def dataloader(self, batch_size: int, num_workers: int, context: Any) -> Any:
+        # the library's documented DataLoader: whole batches, one take() each
+        from tensorstore_cache.torch import StoreDataset
+
+        return StoreDataset(self.store, self.paths).dataloader(
+            batch_size, shuffle=True, num_workers=num_workers, multiprocessing_context=context
+        )
 
     def close(self) -> None:
         self.store.close()
-
-
-class LazyStoreDataset:
-    """Holds the store's path; each DataLoader worker opens the store on first use."""
-
-    def __init__(self, location: str, paths: list[str]) -> None:
-        self.location, self.paths = location, paths
-        self._store: Any = None
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> Any:
-        if self._store is None:
-            import tensorstore_cache as tsc
-
-            self._store = tsc.open_store(self.location)
-        return self._store[self.paths[i]]
 
 
 class TensorstoreCache(Method):

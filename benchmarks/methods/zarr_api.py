@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import Column, Method
+from ._base import PASS_BATCH, Column, Method
 from .tsc import open_or_build
 
 
@@ -34,7 +34,7 @@ class ZarrColumn(Column):
     def batch(self, rows: np.ndarray) -> np.ndarray:
         return self.z.oindex[self.rows[rows]]
 
-    def full_pass(self, batch_size: int = 4096) -> float:
+    def full_pass(self, batch_size: int = PASS_BATCH) -> float:
         total = 0.0
         n = self.z.shape[0]
         for start in range(0, n, batch_size):

@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import shutil
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -498,13 +500,35 @@ def _run_tasks(
                     "define it at module level (not a lambda or closure) or pass workers=1"
                 ) from None
             ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=min(nworkers, len(tasks)), mp_context=ctx) as pool:
+            with ProcessPoolExecutor(
+                max_workers=min(nworkers, len(tasks)), mp_context=ctx, initializer=_exit_with_parent
+            ) as pool:
                 results = _collect(pool, tasks, bar)
         else:
             results = _collect(executor, tasks, bar)
     finally:
         bar.close()
     return results
+
+
+def _exit_with_parent() -> None:
+    """In a pool worker: exit as soon as the building process dies.
+
+    A worker blocks on the task queue, whose write end every worker also
+    holds, so it would never see the builder vanish (SIGKILL, out of memory)
+    and would linger forever. A daemon thread waits for the parent's death
+    instead; whatever the worker was writing lies in the dead build's
+    directory, which ``collect_debris`` removes.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tsc-exit-with-parent", daemon=True).start()
 
 
 def _collect(pool: Executor, tasks: list[ShardTask], bar: Any) -> dict[str, ShardResult]:

@@ -13,15 +13,18 @@ Examples
 """
 
 from ._build import build_store
+from ._cache import cached
 from ._errors import (
     BuildError,
     CorruptStoreError,
     KeyNotInStoreError,
+    StaleSourceError,
     StoreExistsError,
     StoreLockedError,
     StoreNotFoundError,
     TensorStoreCacheError,
 )
+from ._gc import CacheInfo, Removed, gc, list_caches
 from ._loader import ImageLoader, to_float32
 from ._spec import FORMAT_VERSION, StoreSpec
 from ._store import CacheStore, open_store
@@ -30,11 +33,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BuildError",
+    "CacheInfo",
     "CacheStore",
     "CorruptStoreError",
     "FORMAT_VERSION",
     "ImageLoader",
     "KeyNotInStoreError",
+    "Removed",
+    "StaleSourceError",
     "StoreExistsError",
     "StoreLockedError",
     "StoreNotFoundError",
@@ -42,6 +48,9 @@ __all__ = [
     "TensorStoreCacheError",
     "__version__",
     "build_store",
+    "cached",
+    "gc",
+    "list_caches",
     "open_store",
     "to_float32",
 ]

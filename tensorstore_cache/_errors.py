@@ -7,6 +7,7 @@ exception a caller would already catch for the same situation::
     ├── BuildError (RuntimeError)            some sources could not be turned into vectors
     ├── CorruptStoreError (ValueError)       files on disk do not match what the store promises
     ├── KeyNotInStoreError (KeyError)        a looked-up path is not in the store
+    ├── StaleSourceError (ValueError)        cached entries whose source changed since
     ├── StoreExistsError (FileExistsError)   the build target already exists
     ├── StoreLockedError (TimeoutError)      waiting for another builder's lock timed out
     └── StoreNotFoundError (FileNotFoundError)  no store at the given location
@@ -24,6 +25,7 @@ __all__ = [
     "BuildError",
     "CorruptStoreError",
     "KeyNotInStoreError",
+    "StaleSourceError",
     "StoreExistsError",
     "StoreLockedError",
     "StoreNotFoundError",
@@ -106,6 +108,29 @@ class KeyNotInStoreError(TensorStoreCacheError, KeyError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.missing,))
+
+
+class StaleSourceError(TensorStoreCacheError, ValueError):
+    """Cached entries were computed from sources that have changed since.
+
+    Attributes
+    ----------
+    stale : list of str
+        The keys of the stale entries (all of them, in query order).
+    """
+
+    def __init__(self, stale: Sequence[str]) -> None:
+        self.stale = [str(s) for s in stale]
+        shown = ", ".join(repr(s) for s in self.stale[:5])
+        more = f" and {len(self.stale) - 5} more" if len(self.stale) > 5 else ""
+        super().__init__(
+            f"{len(self.stale)} cached entries are stale (their source changed or vanished "
+            f"since they were computed): {shown}{more}; pass on_stale='rebuild' to recompute "
+            "them, or on_stale='ignore' to use them as they are"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stale,))
 
 
 class StoreExistsError(TensorStoreCacheError, FileExistsError):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -14,6 +15,7 @@ import xxhash
 
 from ._errors import KeyNotInStoreError, StoreNotFoundError
 from ._keys import encode_key, hash_encoded, normalize_key, normalize_keys
+from ._overlay import Overlay
 from ._segment import Segment
 from ._spec import StoreSpec
 
@@ -43,21 +45,34 @@ class CacheStore:
     ...     batch = store.take(store.rows(paths))  # (B, 3, 32, 32) array
     """
 
-    def __init__(self, segments: Sequence[Segment], spec: StoreSpec, location: str) -> None:
+    def __init__(
+        self,
+        segments: Sequence[Segment],
+        spec: StoreSpec,
+        location: str,
+        *,
+        reopen: tuple[Callable[..., CacheStore], tuple[Any, ...]] | None = None,
+        resources: Sequence[Any] = (),
+    ) -> None:
         self._segments = list(segments)
         self._spec = spec
         self._location = location
         self._closed = False
-        self._offsets = np.cumsum([0] + [s.n for s in self._segments]).tolist()
         self._single = self._segments[0] if len(self._segments) == 1 else None
+        # several segments: later ones override earlier ones; rows number the live entries
+        self._overlay = None if self._single is not None else Overlay(self._segments)
         self._dtype = np.dtype(spec.dtype)
         self._paths: list[str] | None = None
+        self._reopen = reopen
+        self._resources = list(resources)  # closed with the store (e.g. readers' locks)
 
     # -- description ----------------------------------------------------------
 
     @property
     def spec(self) -> StoreSpec:
-        """The store's :class:`StoreSpec`."""
+        """The store's :class:`StoreSpec` (``n`` counts distinct keys)."""
+        if self._overlay is not None and self._spec.n != self._overlay.n:
+            self._spec = dataclasses.replace(self._spec, n=self._overlay.n)
         return self._spec
 
     @property
@@ -68,7 +83,7 @@ class CacheStore:
     @property
     def shape(self) -> tuple[int, ...]:
         """``(len(store), *item_shape)``."""
-        return (self._offsets[-1], *self._spec.item_shape)
+        return (len(self), *self._spec.item_shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -80,11 +95,13 @@ class CacheStore:
         """Every key, in row order (``store.paths[i]`` is the key of row ``i``)."""
         self._check_open()
         if self._paths is None:
-            self._paths = [k for seg in self._segments for k in seg.key_list()]
+            single = self._single
+            self._paths = single.key_list() if single is not None else self._overlay_().paths()
         return self._paths
 
     def __len__(self) -> int:
-        return int(self._offsets[-1])
+        single = self._single
+        return single.n if single is not None else self._overlay_().n
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} x {self._spec.item_shape} {self._spec.dtype}"
@@ -96,33 +113,52 @@ class CacheStore:
         if self._closed:
             raise ValueError(f"store {self._location!r} is closed")
 
-    def _find(self, key: str) -> int:
+    def _overlay_(self) -> Overlay:
+        assert self._overlay is not None
+        return self._overlay
+
+    def _locate(self, key: str) -> tuple[int, int]:
+        """Return ``(segment index, local row)`` of ``key``, ``(-1, -1)`` if absent."""
         enc = encode_key(key)
         h = xxhash.xxh3_64_intdigest(enc)
+        for k in range(len(self._segments) - 1, -1, -1):  # the newest segment wins
+            row = self._segments[k].find(enc, h)
+            if row >= 0:
+                return k, row
+        return -1, -1
+
+    def _find(self, key: str) -> int:
         single = self._single
         if single is not None:
-            return single.find(enc, h)
-        for seg, off in zip(reversed(self._segments), reversed(self._offsets[:-1]), strict=True):
-            row = seg.find(enc, h)
-            if row >= 0:
-                return int(off) + row
-        return -1
+            enc = encode_key(key)
+            return single.find(enc, xxhash.xxh3_64_intdigest(enc))
+        k, row = self._locate(key)
+        return -1 if k < 0 else self._overlay_().one_to_global(k, row)
 
     def _vector(self, row: int) -> npt.NDArray[Any]:
         single = self._single
         if single is not None:
             return single.row(row)
-        k = int(np.searchsorted(self._offsets, row, side="right")) - 1
-        return self._segments[k].row(row - int(self._offsets[k]))
+        k, local = self._overlay_().locate_one(row)
+        return self._segments[k].row(local)
+
+    def _lookup(self, key: str) -> npt.NDArray[Any] | None:
+        single = self._single
+        if single is not None:
+            enc = encode_key(key)
+            row = single.find(enc, xxhash.xxh3_64_intdigest(enc))
+            return None if row < 0 else single.row(row)
+        k, row = self._locate(key)
+        return None if k < 0 else self._segments[k].row(row)
 
     def __getitem__(self, path: str | os.PathLike[str]) -> npt.NDArray[Any]:
         """Return the vector of ``path`` as a copy-on-write view."""
         self._check_open()
         key = normalize_key(path)
-        row = self._find(key)
-        if row < 0:
+        vector = self._lookup(key)
+        if vector is None:
             raise KeyNotInStoreError([key])
-        return self._vector(row)
+        return vector
 
     @overload
     def get(self, path: str | os.PathLike[str]) -> npt.NDArray[Any] | None: ...
@@ -131,8 +167,8 @@ class CacheStore:
     def get(self, path: str | os.PathLike[str], default: Any = None) -> Any:
         """Return the vector of ``path``, or ``default`` when it is not stored."""
         self._check_open()
-        row = self._find(normalize_key(path))
-        return default if row < 0 else self._vector(row)
+        vector = self._lookup(normalize_key(path))
+        return default if vector is None else vector
 
     def __contains__(self, path: object) -> bool:
         self._check_open()
@@ -168,7 +204,8 @@ class CacheStore:
         encoded = [encode_key(k) for k in keys]
         hashes = hash_encoded(encoded)
         out = np.full(len(keys), -1, dtype=np.int64)
-        for seg, off in zip(reversed(self._segments), reversed(self._offsets[:-1]), strict=True):
+        for k in range(len(self._segments) - 1, -1, -1):  # the newest segment wins
+            seg = self._segments[k]
             todo = np.flatnonzero(out < 0)
             if len(todo) == 0:
                 break
@@ -177,7 +214,8 @@ class CacheStore:
             else:
                 found = seg.find_many([encoded[i] for i in todo.tolist()], hashes[todo])
             hit = found >= 0
-            out[todo[hit]] = found[hit] + int(off)
+            local = found[hit]
+            out[todo[hit]] = local if self._single is not None else self._overlay_().to_global(k, local)
         if missing == "raise" and np.any(out < 0):
             raise KeyNotInStoreError([keys[i] for i in np.flatnonzero(out < 0).tolist()])
         return out
@@ -222,13 +260,44 @@ class CacheStore:
         if single is not None:
             single.gather(idx, out)
             return out
-        seg_of = np.searchsorted(self._offsets, idx, side="right") - 1
+        seg_of, local = self._overlay_().locate(idx)
         for k in np.unique(seg_of).tolist():
             sel = np.flatnonzero(seg_of == k)
             part = np.empty((len(sel), *self._spec.item_shape), dtype=self._dtype)
-            self._segments[k].gather(idx[sel] - int(self._offsets[k]), part)
+            self._segments[k].gather(local[sel], part)
             out[sel] = part
         return out
+
+    def stale(self, paths: Iterable[str | os.PathLike[str]] | None = None, *, check: str = "stat") -> list[str]:
+        """Return the keys whose source changed since its vector was computed.
+
+        Parameters
+        ----------
+        paths
+            The paths to check (default: every key of the store). Paths that
+            are not in the store are not reported.
+        check
+            ``"stat"`` (default): a source is stale when its size or
+            modification time (ns) differs from the one recorded at build
+            time, or it no longer exists. ``"hash"``: when its content hash
+            differs from the recorded one (entries built without a hash fall
+            back to ``"stat"``); reads every source.
+
+        Returns
+        -------
+        list of str
+            The stale keys, in the order checked.
+
+        Examples
+        --------
+        >>> store.stale()  # doctest: +SKIP
+        ['data/images/0007.jpg']
+        """
+        from ._stale import stale_keys
+
+        self._check_open()
+        keys = self.paths if paths is None else list(dict.fromkeys(normalize_keys(paths)))
+        return stale_keys(self, keys, check=check)
 
     # -- integrity ------------------------------------------------------------
 
@@ -314,6 +383,9 @@ class CacheStore:
         if not self._closed:
             for seg in self._segments:
                 seg.close()
+            for res in self._resources:
+                res.close()
+            self._resources = []
             self._closed = True
 
     def __enter__(self) -> CacheStore:
@@ -328,17 +400,37 @@ class CacheStore:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # A store pickles as its location: the receiving process maps the same files.
+        # A store pickles as its location: the receiving process maps the same files
+        # (a cache namespace pins the parts this handle sees, so rows keep their meaning).
+        if self._reopen is not None:
+            return self._reopen
         return (open_store, (self._location,))
 
 
-def open_store(path: str | os.PathLike[str]) -> CacheStore:
+def open_store(
+    path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> CacheStore:
     """Open a store read-only, mapping its files (no data is read or copied).
 
     Parameters
     ----------
     path
-        The store directory written by :func:`build_store`.
+        The store directory written by :func:`build_store`, or an fsspec URL
+        of one (``s3://bucket/covers.tsc``, ``gs://...``; needs the
+        ``remote`` extra). A remote store is copied once per node into
+        ``<cache_dir>/remote/`` (downloaded, every file checked against its
+        recorded checksum, published atomically; processes of the node that
+        ask at the same time wait for one copy) and mapped from there; a
+        changed remote store gets a new copy. ``file://`` URLs are local.
+    cache_dir
+        For URLs: where the node-local copy goes (default ``$TSC_CACHE_DIR``,
+        else ``~/.cache/tensorstore_cache``).
+    storage_options
+        For URLs: options of the fsspec filesystem (credentials,
+        ``endpoint_url``, ...).
 
     Returns
     -------
@@ -358,11 +450,20 @@ def open_store(path: str | os.PathLike[str]) -> CacheStore:
     >>> store.spec.item_shape             # doctest: +SKIP
     (3, 32, 32)
     """
+    if isinstance(path, str) and "://" in path:
+        from ._remote import is_url, open_remote
+
+        if is_url(path):
+            return open_remote(path, cache_dir=cache_dir, storage_options=storage_options)
     root = Path(os.fspath(path))
     if not root.is_dir():
         raise StoreNotFoundError(
             f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
             "(or check the path)"
         )
+    from ._namespace import is_namespace, open_namespace
+
+    if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
+        return open_namespace(root)
     segment = Segment(root)
     return CacheStore([segment], segment.spec, str(root))

@@ -1,0 +1,124 @@
+"""Compaction: merge several parts of a namespace into one new part.
+
+Vectors are copied from the mapped parts, never recomputed, and every
+entry keeps the source identity (size, mtime, content hash) recorded when it
+was computed, so compaction never makes a stale entry look fresh. The merged
+part is an ordinary store published with one rename; the parts it replaces
+stay on disk until housekeeping removes them, so readers that map them are
+never disturbed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ._build import (
+    _file_entry,
+    _publish,
+    _rows_per_shard,
+    _tmp_sibling,
+    _write_index,
+    default_workers,
+)
+from ._format import VECTORS, shard_count, shard_key, vectors_metadata
+from ._jsonio import fsync_dir, write_json_durable
+from ._shard import write_shard
+from ._spec import StoreSpec
+from ._stale import _recorded, recorded_hashes, write_hashes
+from ._store import CacheStore
+
+__all__ = ["MAX_PARTS", "MAX_WASTE", "merge_start", "write_merged"]
+
+#: More live parts than this triggers a merge.
+MAX_PARTS = 8
+#: More than this fraction of overridden (dead) rows triggers a full merge.
+MAX_WASTE = 0.25
+
+
+def merge_start(part_rows: Sequence[int], dead_rows: int) -> int | None:
+    """Return the index of the first part of the suffix to merge, or None if merging does not pay.
+
+    Dead rows above :data:`MAX_WASTE` of all rows merge everything (the only
+    way to drop them). More than :data:`MAX_PARTS` parts merge the parts that
+    follow the biggest one (usually the small increments after a large first
+    build), or everything if that would not bring the count down enough.
+    """
+    total = sum(part_rows)
+    if len(part_rows) > 1 and total and dead_rows / total > MAX_WASTE:
+        return 0
+    if len(part_rows) <= MAX_PARTS:
+        return None
+    big = max(range(len(part_rows)), key=lambda i: (part_rows[i], -i))
+    start = big + 1
+    if len(part_rows) - start >= 2 and start + 1 <= MAX_PARTS:
+        return start
+    return 0
+
+
+def write_merged(view: CacheStore, target: Path) -> int:
+    """Write every live entry of ``view`` as one new store at ``target``; return its size.
+
+    Parameters
+    ----------
+    view
+        A store over the parts to merge (later parts override earlier ones).
+    target
+        The new part directory; must not exist.
+    """
+    keys = view.paths
+    n = len(keys)
+    base = view.spec
+    rows = np.arange(n, dtype=np.int64)
+    sizes, mtimes, groups = _recorded(view, rows)
+    hashes = np.zeros(n, np.uint64)
+    for k, sel, local in groups:
+        recorded = recorded_hashes(view._segments[k])
+        if recorded is not None:
+            hashes[sel] = recorded[local]
+    spec = StoreSpec(
+        n=n,
+        item_shape=base.item_shape,
+        dtype=base.dtype,
+        loader_id=base.loader_id,
+        loader_params=base.loader_params,
+        rows_per_shard=_rows_per_shard(n, base.item_nbytes, default_workers()),
+        created_unix=time.time(),
+    )
+    s = spec.rows_per_shard
+    tmp = _tmp_sibling(target)
+    tmp.mkdir()
+    try:
+        (tmp / VECTORS).mkdir()
+        files: dict[str, list[object]] = {}
+        for k in range(shard_count(spec)):
+            block = view.take(rows[k * s : (k + 1) * s])
+            rel = shard_key(spec, k)
+            path = tmp / rel
+            size, digest = write_shard(path, block, s)
+            files[rel] = [size, digest]
+            d = path.parent
+            while d != tmp / VECTORS:
+                fsync_dir(d)
+                d = d.parent
+        write_json_durable(tmp / VECTORS / "zarr.json", vectors_metadata(spec))
+        files[f"{VECTORS}/zarr.json"] = _file_entry(tmp / VECTORS / "zarr.json")
+        fsync_dir(tmp / VECTORS)
+        index_files, key_bytes_len = _write_index(tmp, keys, sizes, mtimes)
+        files.update(index_files)
+        attrs = spec.to_json()
+        attrs["key_bytes_len"] = key_bytes_len
+        attrs["key_hash"] = "xxh3_64"
+        attrs["checksum"] = "xxh3_128"
+        attrs["files"] = dict(sorted(files.items()))
+        _publish(tmp, target, attrs, False)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if np.any(hashes != 0):
+        write_hashes(target, hashes)
+    return n

@@ -173,6 +173,27 @@ def test_dask_build_reports_every_failure_and_publishes_nothing(
     _assert_intact(out)
 
 
+def test_cached_builds_its_parts_on_the_cluster(
+    client: Any, sources: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    cached = getattr(tsc, "cached", None)
+    if cached is None:
+        pytest.skip("this build has no tensorstore_cache.cached")
+    images, local = sources
+    reference = tsc.open_store(local)
+    first = cached(
+        images[:200], cache_dir=tmp_path / "cache", workers=2, progress=False,
+        executor=client.get_executor(),
+    )
+    np.testing.assert_array_equal(first.take(first.rows(images[:200])), reference.take(np.arange(200)))
+    # the rest is computed on the cluster too, into a second part
+    both = cached(
+        images, cache_dir=tmp_path / "cache", workers=2, progress=False,
+        executor=client.get_executor(),
+    )
+    np.testing.assert_array_equal(both.take(both.rows(images)), _all_rows(reference))
+
+
 def test_worker_killed_mid_build_is_retried(
     client: Any, sources: tuple[list[str], Path], tmp_path: Path
 ) -> None:
@@ -280,10 +301,11 @@ def test_local_pool_worker_killed_fails_cleanly(tmp_path: Path) -> None:
     images = write_images(tmp_path / "images", 8, seed=5)
     out = tmp_path / "s.tsc"
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(2, mp_context=ctx) as pool, pytest.raises(BrokenProcessPool):
+    with ProcessPoolExecutor(2, mp_context=ctx) as pool, pytest.raises(tsc.BuildError) as info:
         tsc.build_store(
             images, out, loader=Die(), loader_id="die", progress=False, executor=pool,
             size=(32, 32),
         )
+    assert isinstance(info.value.__cause__, BrokenProcessPool)  # a pool cannot retry a task
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if ".tsc-build-" in p.name]

@@ -1,0 +1,55 @@
+"""The programs in examples/ run, at a tiny size, and do what they say."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tensorstore_cache as tsc
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_example(name: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["one-after-another", "parallel"])
+def test_sweep_agents_share_one_build(tmp_path: Path, mode: str) -> None:
+    pytest.importorskip("pandas")
+    cache = tmp_path / "cache"
+    extra = ["--parallel"] if mode == "parallel" else []
+    out = run_example("sweep_agents.py", "--n", "30", "--rows", "120", "--agents", "2",
+                      "--build-workers", "1", "--cache-dir", str(cache), *extra)
+    lines = re.findall(r"agent (\d) \(pid (\d+)\): vectors for 120 rows \((\d+) covers\) in ([0-9.]+) s", out)
+    assert sorted(k for k, *_ in lines) == ["0", "1"]
+    assert len({pid for _, pid, *_ in lines}) == 2  # two fresh processes
+    assert "2 agents done" in out
+    (info,) = tsc.list_caches(cache)  # one cache: 32 x 32 float32 vectors
+    covers = {int(c) for _, _, c, _ in lines}
+    assert len(covers) == 1 and info.entries == covers.pop()
+    assert info.parts == 1  # built once, by one agent; the others only opened it
+
+
+def test_dataloader_trains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("example_dataloader", EXAMPLES / "dataloader.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # in this process: torch is imported already
+    example.main(["--n", "64", "--steps", "6", "--batch", "16", "--workers", "1",
+                  "--build-workers", "1", "--cache-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "64 vectors ready" in out
+    losses = [float(x) for x in re.findall(r"loss +([0-9.]+)", out)]
+    assert len(losses) >= 2 and all(loss == loss for loss in losses)  # no NaN
+    assert re.search(r"step +6 ", out) and "final loss" in out

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._build import build_store
+from ._build import build_store, collect_debris
 from ._compact import merge_start, write_merged
 from ._errors import StaleSourceError
 from ._keys import normalize_keys
@@ -42,6 +42,7 @@ logger = logging.getLogger("tensorstore_cache")
 
 Loader = Callable[[str], Any]
 _ON_STALE = ("rebuild", "raise", "ignore")
+_BUILD_MARK = ".tsc-build-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +262,7 @@ def cached(
             if view is not None:
                 view.close()
         if todo:
+            _sweep_debris(ns)
             if stale:
                 logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
             part = _build_part(ns, todo, fn, ident, params, item_shape, np_dtype, workers,
@@ -273,6 +275,17 @@ def cached(
         lock.release()
     final = _open(ns, ns.current(), pin=True)
     return final if final is not None else _empty(ns, item_shape)
+
+
+def _sweep_debris(ns: Namespace) -> None:
+    """Remove temporary directories that dead builders of this host left in ``parts/``."""
+    try:
+        names = os.listdir(ns.parts_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(".") and _BUILD_MARK in name:
+            collect_debris(ns.parts_dir / name[1 : name.index(_BUILD_MARK)])
 
 
 def _build_part(

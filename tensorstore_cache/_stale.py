@@ -15,6 +15,7 @@ vectorised.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,7 @@ HASH_SUFFIX = ".source_xxh3"
 
 _CHUNK = 2048
 _THREADS = 16
+_SLOW_STAT_S = 50e-6  # slower than this per stat: a network filesystem, use threads
 _hash_cache: weakref.WeakKeyDictionary[Segment, npt.NDArray[np.uint64] | None] = (
     weakref.WeakKeyDictionary()
 )
@@ -76,15 +78,27 @@ def _chunked(keys: Sequence[str]) -> list[Sequence[str]]:
 
 
 def stat_many(keys: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Return ``(st_size, st_mtime_ns)`` of every key, ``-1`` where it cannot be stat'ed."""
-    if len(keys) <= _CHUNK:
-        sizes, mtimes = _stat_chunk(keys)
-    else:
-        sizes, mtimes = [], []
-        with ThreadPoolExecutor(min(_THREADS, len(keys) // _CHUNK + 1)) as pool:
-            for s, m in pool.map(_stat_chunk, _chunked(keys)):
-                sizes.extend(s)
-                mtimes.extend(m)
+    """Return ``(st_size, st_mtime_ns)`` of every key, ``-1`` where it cannot be stat'ed.
+
+    The first block is stat'ed in this thread; if a ``stat`` proved slow
+    (a network filesystem: a round trip each), the rest runs in a thread
+    pool, else in this thread too (on a local disk threads only add
+    contention for the GIL).
+    """
+    start = time.perf_counter()
+    sizes, mtimes = _stat_chunk(keys[:_CHUNK])
+    rest = keys[_CHUNK:]
+    if rest:
+        per_stat = (time.perf_counter() - start) / _CHUNK
+        if per_stat < _SLOW_STAT_S:
+            s, m = _stat_chunk(rest)
+            sizes.extend(s)
+            mtimes.extend(m)
+        else:
+            with ThreadPoolExecutor(min(_THREADS, len(rest) // _CHUNK + 1)) as pool:
+                for s, m in pool.map(_stat_chunk, _chunked(rest)):
+                    sizes.extend(s)
+                    mtimes.extend(m)
     return np.array(sizes, np.int64), np.array(mtimes, np.int64)
 
 

@@ -220,6 +220,22 @@ def test_hash_check_ignores_touch_and_catches_hidden_edits(tmp_path: Path, cache
         tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, check="mtime")
 
 
+def test_stat_many_threaded_path_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorstore_cache import _stale
+
+    keys = write_sources(tmp_path / "src", 30)
+    many = [keys[i % 30] if i % 7 else str(tmp_path / f"gone{i}") for i in range(5000)]
+    serial = _stale.stat_many(many)
+    monkeypatch.setattr(_stale, "_SLOW_STAT_S", 0.0)  # as on a network filesystem
+    threaded = _stale.stat_many(many)
+    for a, b in zip(serial, threaded, strict=True):
+        np.testing.assert_array_equal(a, b)
+    sizes, mtimes = serial
+    assert sizes[0] == -1 and mtimes[0] == -1  # a missing source
+    st = os.stat(keys[8])
+    assert sizes[8] == st.st_size and mtimes[8] == st.st_mtime_ns
+
+
 def test_skipped_sources_are_retried(tmp_path: Path, cache: Path) -> None:
     keys = write_sources(tmp_path / "src", 4)
     missing = str(tmp_path / "src" / "later.bin")

@@ -161,7 +161,7 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
         raise CorruptStoreError(f"{where}: item_shape must be a list of 1 to 8 sizes", where)
     item_shape = tuple(_int(d, "an item_shape size", 1, _MAX_ITEM_BYTES, where) for d in shape)
     dtype = attrs.get("dtype")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise CorruptStoreError(
             f"{where}: dtype {dtype!r} is not allowed; allowed: {sorted(DTYPES)}", where
         )

@@ -83,31 +83,62 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _refusal(path: Path, part: str, dir_fd: int, exc: OSError, final: bool) -> CorruptStoreError:
+    """Explain why ``part`` (a component of ``path``) could not be opened."""
+    if exc.errno == errno.ENOENT:
+        return CorruptStoreError(
+            f"{path} is missing; the store is incomplete (run verify, then rebuild it)", str(path)
+        )
+    try:
+        target = os.readlink(part, dir_fd=dir_fd)
+    except OSError:
+        return CorruptStoreError(f"{path} cannot be opened ({exc}); refusing it", str(path))
+    where = "is a symlink" if final else f"is reached through a symlink ({part})"
+    return CorruptStoreError(
+        f"{path} {where} to {target!r}; a store never holds symlinks (they could lead "
+        "outside it) - refusing it",
+        str(path),
+    )
+
+
 def open_regular(path: Path, root: Path) -> int:
     """Open a store file read-only and return its descriptor.
 
-    Refuses a file that resolves outside ``root`` (through a symlinked
-    directory), a symlink, and anything that is not a regular file (a FIFO
-    would block the reader, a device could be endless).
+    The path below ``root`` is walked one component at a time with
+    ``O_NOFOLLOW``: a symlink anywhere inside the store is refused (it could
+    lead outside it), and so is anything that is not a regular file (a FIFO
+    would block the reader, a device could be endless). ``root`` itself may
+    be a symlink: that is the caller's choice.
 
     Raises
     ------
     CorruptStoreError
         If the file is missing or refused.
     """
-    real = os.path.realpath(path)
-    base = os.path.realpath(root)
-    if os.path.commonpath([real, base]) != base:
-        raise CorruptStoreError(f"{path} resolves outside the store ({real}); refusing it", str(path))
+    rel = os.path.relpath(path, root)
+    parts = rel.split(os.sep)
+    if os.path.isabs(rel) or ".." in parts or "." in parts:
+        raise CorruptStoreError(f"{path} is not inside the store {root}; refusing it", str(path))
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        raise CorruptStoreError(
-            f"{path} is missing; the store is incomplete (run verify, then rebuild it)", str(path)
-        ) from None
+        dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
-        kind = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be opened: {exc}"
-        raise CorruptStoreError(f"{path} {kind}; refusing it", str(path)) from None
+        raise CorruptStoreError(f"{root} cannot be opened ({exc})", str(path)) from None
+    try:
+        for part in parts[:-1]:
+            try:
+                sub = os.open(part, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow,
+                              dir_fd=dir_fd)
+            except OSError as exc:
+                raise _refusal(path, part, dir_fd, exc, False) from None
+            os.close(dir_fd)
+            dir_fd = sub
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | nofollow, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _refusal(path, parts[-1], dir_fd, exc, True) from None
+    finally:
+        os.close(dir_fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise CorruptStoreError(f"{path} is not a regular file; refusing it", str(path))
@@ -161,9 +192,9 @@ def read_json(path: Path, *, max_bytes: int, root: Path | None = None) -> dict[s
                 "this metadata file; the store is damaged or not a tensorstore_cache store",
                 str(path),
             )
-        raw = f.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise CorruptStoreError(f"{path} grew past {max_bytes} bytes while being read", str(path))
+        raw = f.read(st.st_size + 1)  # not max_bytes: read() allocates what it is asked for
+    if len(raw) != st.st_size:
+        raise CorruptStoreError(f"{path} changed size while being read", str(path))
     values = raw.count(b",") + raw.count(b"[") + raw.count(b"{")
     if values > MAX_VALUES:
         raise CorruptStoreError(

@@ -181,10 +181,14 @@ class Segment:
         """Return every key in row order (decodes all of them)."""
         offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
         if self.n and (
-            np.any(offsets[1:] < offsets[:-1]) or int(offsets[-1]) > len(self.key_bytes)
-        ):
-            raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
+            np.any(offsets[1:] <= offsets[:-1]) or int(offsets[-1]) > len(self.key_bytes)
+        ):  # every key has at least one byte
+            raise self._bad_index(
+                "key_offsets", "key offsets do not increase or pass the key bytes"
+            )
         raw = self.key_bytes.tobytes()
+        if b"\x00" in raw:  # normalize_key never lets a NUL through
+            raise self._bad_index("key_bytes", "a stored key contains a NUL byte")
         offs = offsets.tolist()
         return [
             raw[offs[i] : offs[i + 1]].decode("utf-8", "surrogateescape") for i in range(self.n)

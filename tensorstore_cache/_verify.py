@@ -122,10 +122,9 @@ class VerifyReport:
         )
 
 
-def _hash_fd(fd: int) -> tuple[int, str]:
+def _hash_fd(fd: int, buf: bytearray) -> tuple[int, str]:
     digest = xxhash.xxh3_128()
     size = 0
-    buf = bytearray(_CHUNK)
     view = memoryview(buf)
     while n := os.readv(fd, [buf]):
         digest.update(view[:n])
@@ -133,7 +132,9 @@ def _hash_fd(fd: int) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _check_file(root: Path, rel: str, size: int, digest: str, report: VerifyReport) -> None:
+def _check_file(
+    root: Path, rel: str, size: int, digest: str, report: VerifyReport, buf: bytearray
+) -> None:
     from ._jsonio import open_regular
 
     path = root / rel
@@ -155,7 +156,7 @@ def _check_file(root: Path, rel: str, size: int, digest: str, report: VerifyRepo
             )
             return
         try:
-            read, found_digest = _hash_fd(fd)
+            read, found_digest = _hash_fd(fd, buf)
         except OSError as exc:
             report.problems.append(Problem(str(path), "unreadable", f"read error: {exc}"))
             return
@@ -235,8 +236,9 @@ def verify_segment(root: str | os.PathLike[str]) -> VerifyReport:
     except CorruptStoreError as exc:
         report.problems.append(Problem(exc.path or str(base / "zarr.json"), "metadata", str(exc)))
         return report
+    buf = bytearray(min(_CHUNK, max((size for size, _ in files.values()), default=0) + 1))
     for rel, (size, digest) in sorted(files.items()):
-        _check_file(base, rel, size, digest, report)
+        _check_file(base, rel, size, digest, report, buf)
     report.problems.extend(_extras(base, files))
     report.problems.sort(key=lambda p: p.path)
     return report

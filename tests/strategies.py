@@ -18,6 +18,7 @@ __all__ = [
     "json_scalars",
     "json_values",
     "mutated_json",
+    "small_json",
     "source_paths",
     "suspicious_numbers",
     "suspicious_strings",
@@ -61,6 +62,16 @@ def json_values(max_leaves: int = 12) -> st.SearchStrategy[Any]:
     )
 
 
+#: Small JSON values, cheap to draw (what a damage puts in place).
+small_json = st.one_of(
+    suspicious_numbers,
+    suspicious_strings,
+    json_scalars,
+    st.lists(json_scalars, max_size=3),
+    st.dictionaries(st.one_of(st.text(max_size=5), suspicious_strings), json_scalars, max_size=3),
+)
+
+
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Every path (tuple of keys/indices) to a node of a JSON document."""
     out = [prefix]
@@ -100,14 +111,14 @@ def mutated_json(draw: st.DrawFn, document: dict[str, Any], rounds: int = 3) -> 
         key = path[-1]
         node = parent[key]
         if action == "replace":
-            parent[key] = draw(st.one_of(suspicious_numbers, suspicious_strings, json_values(6)))
+            parent[key] = draw(small_json)
         elif action == "delete":
             del parent[key]
         elif action == "insert":
             if isinstance(parent, dict):
-                parent[draw(st.one_of(suspicious_strings, st.text(max_size=8)))] = draw(json_values(4))
+                parent[draw(st.one_of(suspicious_strings, st.text(max_size=8)))] = draw(small_json)
             else:
-                parent.insert(key, draw(json_values(4)))
+                parent.insert(key, draw(small_json))
         elif action == "nudge" and type(node) is int:
             parent[key] = node + draw(st.sampled_from([-1, 1, -node - 1, 2**32, 2**63]))
         elif action == "retype":

@@ -249,3 +249,19 @@ def test_core_does_not_import_torch_or_pandas() -> None:
     code = "import sys, tensorstore_cache; print(sorted({'torch', 'pandas'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_dataset_over_a_cached_store_pickles_with_its_reopen_recipe(tmp_path: Path) -> None:
+    paths = [f"c/{i}.png" for i in range(30)]
+    store = tsc.cached(paths[:20], cache_dir=tmp_path, loader=vector_of, loader_id="t/1",
+                       workers=1, progress=False)
+    store = tsc.cached(paths, cache_dir=tmp_path, loader=vector_of, loader_id="t/1",
+                       workers=1, progress=False)  # a second part: rows span two segments
+    assert len(store._segments) == 2
+    ds = StoreDataset(store, paths[::-1], targets=np.arange(30))
+    again = pickle.loads(pickle.dumps(ds))
+    assert again._store is None
+    x, y = again.batch(np.arange(30))
+    np.testing.assert_array_equal(x.numpy(), np.stack([vector_of(p) for p in paths[::-1]]))
+    assert y.tolist() == list(range(30))
+    np.testing.assert_array_equal(again[29][0].numpy(), vector_of(paths[0]))

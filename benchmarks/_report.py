@@ -194,12 +194,16 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | " + " | ".join(opens + loads) + " |")
     mem_ks = sorted({int(k) for r in results.values() for k in r.get("memory", {})})
     if mem_ks:
-        lines += ["", "## Memory growth over a baseline agent (USS, MiB, all agents + servers)", "",
-                  "| method | " + " | ".join(f"K={k}" for k in mem_ks) + " |",
-                  "|---|" + "---:|" * len(mem_ks)]
+        top = str(max(mem_ks))
+        lines += ["", "## Memory growth over a baseline agent (MiB, all agents + manager)", "",
+                  "| method | " + " | ".join(f"USS K={k}" for k in mem_ks)
+                  + f" | PSS K={top} | anonymous K={top} |",
+                  "|---|" + "---:|" * (len(mem_ks) + 2)]
         for name, r in results.items():
-            cells = [_mb(r.get("memory", {}).get(str(k), {}).get("uss_growth_bytes"))
-                     for k in mem_ks]
+            mem = r.get("memory", {})
+            cells = [_mb(mem.get(str(k), {}).get("uss_growth_bytes")) for k in mem_ks]
+            cells.append(_mb(mem.get(top, {}).get("pss_growth_bytes")))
+            cells.append(_mb(mem.get(top, {}).get("anon_growth_bytes")))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -213,7 +217,10 @@ def markdown(report: dict[str, Any]) -> str:
         "rows gathered into one array.",
         "- memory: USS/PSS of K agents holding the column at once, after each read every "
         "vector once; growth is over a baseline agent with the same imports; the manager "
-        "process is counted in full for the manager methods.",
+        "process is counted in full for the manager methods. USS counts file pages mapped by "
+        "one process only, so a single agent reading a memory-mapped store has the store's "
+        "pages in its USS; from two agents on they are shared. 'anonymous' counts only "
+        "anonymous memory (heap, private copies).",
         f"- {UNSAFE_NOTE}.",
         "- Timings come from one run on a shared machine; ratios within the run are what the "
         "targets compare.",

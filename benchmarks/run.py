@@ -24,6 +24,7 @@ import gc
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -57,7 +58,12 @@ class Config:
     budget_s: float
     quick: bool
     start_method: str
+    open_repeats: int
     verify_rows: list[int] = field(default_factory=list)
+
+
+def _fmt(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 def log(msg: str) -> None:
@@ -180,11 +186,22 @@ def bench_open_vs_n(name: str, cfg: Config) -> dict[str, Any]:
             write_s = time.perf_counter() - t0
             del column
             gc.collect()
-            (res,), _ = run_round([{"method": name, "state": state, "paths_file": paths_file,
-                                    "tasks": ["load"], "synthetic": True}])
-            out[str(n)] = {"open_s": res["open_s"], "load_s": res["load_s"], "hit": res["hit"],
-                           "write_s": write_s, "disk_bytes": method.disk_bytes(state)}
-            log(f"{name}: n={n}: open {res['open_s']}, load {res['load_s']:.4f} s")
+            runs = []
+            for _ in range(cfg.open_repeats):  # each in a fresh agent process
+                (res,), _ = run_round([{"method": name, "state": state, "paths_file": paths_file,
+                                        "tasks": ["load"], "synthetic": True}])
+                runs.append(res)
+            opens = [r["open_s"] for r in runs]
+            loads = [r["load_s"] for r in runs]
+            out[str(n)] = {
+                "open_s": statistics.median(opens) if None not in opens else None,
+                "load_s": statistics.median(loads),
+                "open_s_runs": opens, "load_s_runs": loads,
+                "hit": all(r["hit"] for r in runs), "write_s": write_s,
+                "disk_bytes": method.disk_bytes(state),
+            }
+            log(f"{name}: n={n}: open {_fmt(out[str(n)]['open_s'])}, "
+                f"hold column {_fmt(out[str(n)]['load_s'])} (median of {len(runs)} agents)")
         finally:
             method.teardown()
             shutil.rmtree(root, ignore_errors=True)
@@ -222,8 +239,10 @@ def parse(argv: list[str] | None) -> Config:
                         help="store sizes for open time vs N (default 5000,20000,80000)")
     parser.add_argument("--open-scale", type=float, default=1.0,
                         help="multiply the open-time sizes by this factor")
+    parser.add_argument("--open-repeats", type=int, default=None,
+                        help="fresh agents per open-time measurement, median (default 3; quick 1)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds per rate measurement (default 1.5; quick 0.2)")
+                        help="seconds per rate measurement (default 1.0; quick 0.1)")
     parser.add_argument("--start-method", choices=("spawn", "forkserver"), default=None,
                         help="how agents start (default spawn: fresh interpreters; "
                         "--quick defaults to forkserver, which starts them in milliseconds)")
@@ -244,10 +263,11 @@ def parse(argv: list[str] | None) -> Config:
         sizes = list(QUICK_OPEN_SIZES if quick else DEFAULT_OPEN_SIZES)
     sizes = [max(1, round(s * args.open_scale)) for s in sizes]
     data = (args.data or workdir / f"data-{images}-s{args.seed}").resolve()
-    budget = args.budget if args.budget is not None else (0.2 if quick else 1.5)
+    budget = args.budget if args.budget is not None else (0.1 if quick else 1.0)
     start = args.start_method or ("forkserver" if quick else "spawn")
+    repeats = args.open_repeats or (1 if quick else 3)
     return Config(images, args.seed, workdir, data, args.results.resolve(), names, agents,
-                  sizes, budget, quick, start)
+                  sizes, budget, quick, start, repeats)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                     "item_bytes": ITEM_BYTES, "column_bytes": n * ITEM_BYTES,
                     "agents": cfg.agents, "open_sizes": cfg.open_sizes,
                     "rate_budget_s": cfg.budget_s, "quick": cfg.quick,
-                    "agent_start_method": cfg.start_method,
+                    "agent_start_method": cfg.start_method, "open_repeats": cfg.open_repeats,
                     "image_generation_s": gen_s}
     env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.run", *sys.argv[1:]])
     results: dict[str, Any] = {}

@@ -1,0 +1,228 @@
+"""Micro-benchmarks of the tensorstore_cache core.
+
+Run ``python -m benchmarks.micro [--images N] [--workdir DIR] [--quick]``. Measures:
+
+- build speed-up: the same cover images built with 2 worker processes vs 1;
+- open time of a fresh process at 5,000 and 50,000 items (median of 3 processes);
+- single lookups by path per second (``store[path]``), next to a plain
+  ``dict`` + ``np.memmap`` view of the same bytes;
+- ``store.take`` of 256 random rows (new array, and into ``out=``) vs a plain
+  ``np.memmap`` fancy-index gather of the same rows from a flat file of the same bytes.
+
+Prints a table with the ratios and writes ``benchmarks/results/micro.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import make_images
+from benchmarks._report import environment
+from benchmarks.methods._base import ITEM_SHAPE, SIZE, SyntheticLoader
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _open_in_fresh_process(location: str) -> float:
+    """Run in a spawned process: import the library, then time ``open_store``."""
+    import tensorstore_cache as tsc
+
+    t0 = time.perf_counter()
+    store = tsc.open_store(location)
+    seconds = time.perf_counter() - t0
+    store.close()
+    return seconds
+
+
+def _rate(fn: Any, args: list[Any], budget_s: float) -> float:
+    """Calls per second of ``fn(a)``, cycling over ``args`` for about ``budget_s``."""
+    for a in args[:3]:
+        fn(a)
+    calls, t0, n = 0, time.perf_counter(), len(args)
+    while True:
+        start = calls % n
+        for a in args[start : start + 256]:
+            fn(a)
+        calls += len(args[start : start + 256])
+        elapsed = time.perf_counter() - t0
+        if elapsed >= budget_s:
+            return calls / elapsed
+
+
+def _median_time(fn: Any, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_build(paths: list[str], work: Path) -> dict[str, Any]:
+    import tensorstore_cache as tsc
+
+    for p in paths:  # the same warm page cache for both builds
+        with open(p, "rb") as f:
+            f.read()
+    out: dict[str, Any] = {"items": len(paths)}
+    for workers in (1, 2):
+        target = work / f"build-{workers}.tsc"
+        shutil.rmtree(target, ignore_errors=True)
+        t0 = time.perf_counter()
+        tsc.build_store(paths, target, size=SIZE, workers=workers, progress=False).close()
+        out[f"workers_{workers}_s"] = time.perf_counter() - t0
+        log(f"build, {workers} worker(s): {out[f'workers_{workers}_s']:.2f} s")
+    out["speedup_2_over_1"] = out["workers_1_s"] / out["workers_2_s"]
+    shutil.rmtree(work / "build-1.tsc", ignore_errors=True)
+    return out
+
+
+def synthetic_store(n: int, work: Path) -> Path:
+    import tensorstore_cache as tsc
+
+    target = work / f"synthetic-{n}.tsc"
+    shutil.rmtree(target, ignore_errors=True)
+    paths = [f"/synthetic/{i // 1000:04d}/{i:08d}.jpg" for i in range(n)]
+    loader = SyntheticLoader()
+    tsc.build_store(paths, target, loader=loader, loader_id=loader.loader_id, workers=2,
+                    progress=False).close()
+    return target
+
+
+def bench_open(sizes: list[int], work: Path, procs: int) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    out: dict[str, Any] = {}
+    for n in sizes:
+        location = str(synthetic_store(n, work))
+        times = []
+        for _ in range(procs):
+            with ctx.Pool(1) as pool:  # one fresh interpreter per measurement
+                times.append(pool.apply(_open_in_fresh_process, (location,)))
+        out[str(n)] = {"open_s_median": statistics.median(times), "open_s": times}
+        log(f"open, {n} items: median {statistics.median(times) * 1e3:.2f} ms of {times}")
+    return out
+
+
+def bench_access(location: Path, work: Path, budget_s: float) -> dict[str, Any]:
+    import tensorstore_cache as tsc
+
+    store = tsc.open_store(location)
+    n = len(store)
+    paths = store.paths
+    flat = work / "flat.f32"
+    data = np.memmap(flat, dtype=np.float32, mode="w+", shape=(n, *ITEM_SHAPE))
+    for start in range(0, n, 4096):
+        store.take(np.arange(start, min(n, start + 4096)), out=data[start : start + 4096])
+    data.flush()
+    del data
+    raw = np.memmap(flat, dtype=np.float32, mode="c", shape=(n, *ITEM_SHAPE)).view(np.ndarray)
+    row_of = {p: i for i, p in enumerate(paths)}
+    rng = np.random.default_rng(0)
+    picks = [paths[i] for i in rng.integers(0, n, 100_000).tolist()]
+    for a, b in ((0, n), (0, n)):  # warm both mappings
+        store.take(np.arange(a, b, 64))
+        raw[a:b:64].sum()
+    out: dict[str, Any] = {"items": n}
+    out["lookup_store_per_s"] = _rate(store.__getitem__, picks, budget_s)
+    out["lookup_dict_memmap_per_s"] = _rate(lambda p: raw[row_of[p]], picks, budget_s)
+    out["lookup_ratio"] = out["lookup_store_per_s"] / out["lookup_dict_memmap_per_s"]
+    batches = [rng.choice(n, 256, replace=False) for _ in range(64)]
+    buf = np.empty((256, *ITEM_SHAPE), dtype=np.float32)
+    reps = 64
+    out["take_256_s"] = statistics.median(
+        _median_time(lambda r=r: store.take(r), 5) for r in batches[:reps])
+    out["take_256_out_s"] = statistics.median(
+        _median_time(lambda r=r: store.take(r, out=buf), 5) for r in batches[:reps])
+    out["memmap_gather_256_s"] = statistics.median(
+        _median_time(lambda r=r: raw[r], 5) for r in batches[:reps])
+    for key in ("take_256", "take_256_out", "memmap_gather_256"):
+        out[f"{key}_items_per_s"] = 256 / out[f"{key}_s"]
+    out["take_ratio"] = out["memmap_gather_256_s"] / out["take_256_s"]
+    out["take_out_ratio"] = out["memmap_gather_256_s"] / out["take_256_out_s"]
+    assert np.array_equal(store.take(batches[0]), raw[batches[0]])
+    store.close()
+    flat.unlink()
+    return out
+
+
+def table(res: dict[str, Any]) -> str:
+    b, o, a = res["build"], res["open"], res["access"]
+    sizes = sorted(o, key=int)
+    lines = [
+        "# tensorstore_cache micro-benchmarks",
+        "",
+        f"{res['env']['cpu']}, {res['env']['cores']} cores, Python {res['env']['python']}; "
+        f"command `{res['env']['command']}`.",
+        "",
+        "| measurement | tensorstore_cache | reference | ratio |",
+        "|---|---:|---:|---:|",
+        f"| build {b['items']:,} covers, 2 workers vs 1 | {b['workers_2_s']:.2f} s "
+        f"| {b['workers_1_s']:.2f} s | {b['speedup_2_over_1']:.2f}x faster |",
+        f"| open in a fresh process, {int(sizes[-1]):,} vs {int(sizes[0]):,} items "
+        f"| {o[sizes[-1]]['open_s_median'] * 1e3:.2f} ms "
+        f"| {o[sizes[0]]['open_s_median'] * 1e3:.2f} ms "
+        f"| {o[sizes[-1]]['open_s_median'] / o[sizes[0]]['open_s_median']:.2f}x |",
+        f"| single lookups/s by path ({a['items']:,} items), vs dict + memmap view "
+        f"| {a['lookup_store_per_s']:,.0f} | {a['lookup_dict_memmap_per_s']:,.0f} "
+        f"| {a['lookup_ratio']:.2f}x |",
+        f"| take 256 random rows, items/s, vs np.memmap fancy index "
+        f"| {a['take_256_items_per_s']:,.0f} | {a['memmap_gather_256_items_per_s']:,.0f} "
+        f"| {a['take_ratio']:.2f}x |",
+        f"| take 256 random rows into out=, items/s, vs np.memmap fancy index "
+        f"| {a['take_256_out_items_per_s']:,.0f} | {a['memmap_gather_256_items_per_s']:,.0f} "
+        f"| {a['take_out_ratio']:.2f}x |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=None, help="covers to build (default 5000)")
+    parser.add_argument("--open-sizes", default=None, help="store sizes (default 5000,50000)")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    images = args.images or (200 if args.quick else 5000)
+    sizes = ([int(s) for s in args.open_sizes.split(",")] if args.open_sizes
+             else ([500, 2000] if args.quick else [5000, 50_000]))
+    budget = 0.2 if args.quick else 1.0
+    base = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-bench").resolve()
+    work = base / "micro"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    data = base / f"data-{images}-s{args.seed}"
+    make_images.generate(data, images, args.seed)
+    paths = [str(p) for p in sorted((data / "images").rglob("*.*"))]
+    env = environment()
+    env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.micro", *sys.argv[1:]])
+    res: dict[str, Any] = {"env": env}
+    res["build"] = bench_build(paths, work)
+    res["open"] = bench_open(sizes, work, procs=3)
+    res["access"] = bench_access(work / f"synthetic-{max(sizes)}.tsc", work, budget)
+    shutil.rmtree(work, ignore_errors=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "micro.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

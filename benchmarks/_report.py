@@ -240,7 +240,7 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     names = list(results)
     written: list[Path] = []
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     ys = range(len(names))
     first = [results[m].get("first_agent_s") or 0 for m in names]
     later = [results[m].get("later_agent_s") or 0 for m in names]
@@ -252,13 +252,13 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("seconds until the agent holds every vector (log)")
     n = report["env"]["sizes"]["unique_paths"]
     ax.set_title(f"Time to vectors, {n:,} covers")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.tight_layout()
     written.append(out / "time_to_vectors.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for name in names:
         mem = results[name].get("memory", {})
         ks = sorted(int(k) for k in mem)
@@ -275,13 +275,13 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
         a.set_ylabel("MiB (log)")
         a.set_yscale("log")
         a.set_xticks([1, 2, 4])
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     written.append(out / "memory_vs_agents.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, per in (report.get("open_vs_n") or {}).items():
         ns = sorted(int(k) for k in per)
         vals = [per[str(k)].get("open_s") for k in ns]
@@ -293,7 +293,7 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("items in the store (log)")
     ax.set_ylabel("open / load seconds in a fresh agent (log)")
     ax.set_title("Open / load time vs store size")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     written.append(out / "open_vs_n.png")
     fig.savefig(written[-1], dpi=110)

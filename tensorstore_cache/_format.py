@@ -9,6 +9,7 @@ codec, chunking or attribute is rejected).
 from __future__ import annotations
 
 import math
+import os
 import posixpath
 import re
 from pathlib import Path
@@ -235,8 +236,24 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
     return spec, files, key_bytes_len
 
 
-def parse_group(root: Path) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]:
+def _exists(root: Path, name: str, root_fd: int | None) -> bool:
+    try:
+        if root_fd is None:
+            os.lstat(root / name)
+        else:
+            os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def parse_group(
+    root: Path, root_fd: int | None = None
+) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]:
     """Read and validate every metadata file of the store at ``root``.
+
+    ``root_fd``, a descriptor of ``root``, makes every file be read from that
+    directory even if another one is renamed to ``root`` meanwhile.
 
     Returns
     -------
@@ -256,9 +273,17 @@ def parse_group(root: Path) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]
     """
     where = str(root / "zarr.json")
     try:
-        group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON)
+        if root_fd is None:
+            group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON)
+        else:
+            try:
+                os.stat("zarr.json", dir_fd=root_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise StoreNotFoundError(f"{where} does not exist") from None
+            group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON, root=root,
+                              root_fd=root_fd)
     except StoreNotFoundError:
-        if (root / VECTORS).is_dir() or (root / VECTORS).is_symlink():
+        if _exists(root, VECTORS, root_fd):
             raise CorruptStoreError(
                 f"{where} is missing but {root} holds store data; the store's metadata was "
                 "deleted - rebuild the store",
@@ -280,7 +305,7 @@ def parse_group(root: Path) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]
         wanted[name] = index_array_metadata(name, index_array_length(name, spec, key_bytes_len))
     for name, expected in wanted.items():
         path = root / name / "zarr.json"
-        found = read_json(path, max_bytes=MAX_ARRAY_JSON, root=root)
+        found = read_json(path, max_bytes=MAX_ARRAY_JSON, root=root, root_fd=root_fd)
         if found != expected:
             raise CorruptStoreError(
                 f"{path} does not describe the array this store needs (dtype, shape, "

@@ -101,7 +101,7 @@ def _refusal(path: Path, part: str, dir_fd: int, exc: OSError, final: bool) -> C
     )
 
 
-def open_regular(path: Path, root: Path) -> int:
+def open_regular(path: Path, root: Path, root_fd: int | None = None) -> int:
     """Open a store file read-only and return its descriptor.
 
     The path below ``root`` is walked one component at a time with
@@ -109,6 +109,10 @@ def open_regular(path: Path, root: Path) -> int:
     lead outside it), and so is anything that is not a regular file (a FIFO
     would block the reader, a device could be endless). ``root`` itself may
     be a symlink: that is the caller's choice.
+
+    ``root_fd``, a descriptor of the store directory opened earlier, pins
+    the directory: the file is looked up in the directory that was opened,
+    even if another one has been renamed to ``root`` since (an overwrite).
 
     Raises
     ------
@@ -121,7 +125,10 @@ def open_regular(path: Path, root: Path) -> int:
         raise CorruptStoreError(f"{path} is not inside the store {root}; refusing it", str(path))
     nofollow = getattr(os, "O_NOFOLLOW", 0)
     try:
-        dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        if root_fd is None:
+            dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        else:
+            dir_fd = os.dup(root_fd)
     except OSError as exc:
         raise CorruptStoreError(f"{root} cannot be opened ({exc})", str(path)) from None
     try:
@@ -145,7 +152,9 @@ def open_regular(path: Path, root: Path) -> int:
     return fd
 
 
-def read_json(path: Path, *, max_bytes: int, root: Path | None = None) -> dict[str, Any]:
+def read_json(
+    path: Path, *, max_bytes: int, root: Path | None = None, root_fd: int | None = None
+) -> dict[str, Any]:
     """Read a metadata file strictly.
 
     Parameters
@@ -158,6 +167,8 @@ def read_json(path: Path, *, max_bytes: int, root: Path | None = None) -> dict[s
         The store directory: when given, ``path`` must be a regular file
         inside it (see :func:`open_regular`) and a missing file is a
         :class:`CorruptStoreError`.
+    root_fd
+        A descriptor of ``root`` to look the file up in (see :func:`open_regular`).
 
     Returns
     -------
@@ -174,7 +185,7 @@ def read_json(path: Path, *, max_bytes: int, root: Path | None = None) -> dict[s
         non-standard constants.
     """
     if root is not None:
-        fd = open_regular(path, root)
+        fd = open_regular(path, root, root_fd)
     else:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))

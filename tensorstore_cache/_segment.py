@@ -12,14 +12,16 @@ import mmap
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import CorruptStoreError
+from ._errors import CorruptStoreError, StoreNotFoundError
 from ._format import INDEX_ARRAYS, index_array_length, parse_group, shard_count, shard_key
+from ._jsonio import open_regular
 from ._shard import MappedShard, map_file, map_shard
 from ._vmap import VirtualRows, virtual_rows_supported
 
@@ -37,7 +39,29 @@ class Segment:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.spec, self.files, key_bytes_len = parse_group(root)
+        # Every file is opened relative to this descriptor, so the segment keeps
+        # reading the directory it opened even if another store is renamed over
+        # ``root`` later (build_store(overwrite=True)): never a mix of two stores.
+        try:
+            self._dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except (FileNotFoundError, NotADirectoryError):
+            raise StoreNotFoundError(f"no store at {str(root)!r}") from None
+        self._close_dir = weakref.finalize(self, os.close, self._dir_fd)
+        try:
+            self._open(root)
+        except BaseException:
+            self._close_dir()
+            raise
+
+    @property
+    def dir_fd(self) -> int:
+        """Descriptor of the store directory this segment opened (-1 once closed)."""
+        if self._dir_fd < 0:
+            raise ValueError(f"store {str(self.root)!r} is closed")
+        return self._dir_fd
+
+    def _open(self, root: Path) -> None:
+        self.spec, self.files, key_bytes_len = parse_group(root, self._dir_fd)
         self.n = self.spec.n
         self.item_shape = self.spec.item_shape
         self.dtype: np.dtype[np.generic] = np.dtype(self.spec.dtype).newbyteorder("<")
@@ -51,7 +75,8 @@ class Segment:
                 arrays[name] = np.empty(0, dtype=np.dtype(dtype))
                 continue
             item = np.dtype(dtype).itemsize
-            buf = map_file(root / rel, root, self.files[rel][0], copy_on_write=False)
+            buf = map_file(root / rel, root, self.files[rel][0], copy_on_write=False,
+                           root_fd=self._dir_fd)
             if buf is None or len(buf) != length * item:
                 raise CorruptStoreError(f"{root / rel} has the wrong size", str(root / rel))
             self._buffers.append(buf)
@@ -213,23 +238,37 @@ class Segment:
         rel = shard_key(self.spec, k)
         path = self.root / rel
         rows = min(self.rows_per_shard, self.n - k * self.rows_per_shard)
-        shard = map_shard(
-            path,
-            self.root,
-            rows=rows,
-            rows_per_shard=self.rows_per_shard,
-            item_shape=self.item_shape,
-            dtype=self.dtype,
-            expected_size=self.files[rel][0],
-        )
+        if self._dir_fd < 0:
+            raise ValueError(f"store {str(self.root)!r} is closed")
+        try:
+            shard = map_shard(
+                path,
+                self.root,
+                rows=rows,
+                rows_per_shard=self.rows_per_shard,
+                item_shape=self.item_shape,
+                dtype=self.dtype,
+                expected_size=self.files[rel][0],
+                root_fd=self._dir_fd,
+            )
+        except CorruptStoreError as exc:
+            if os.fstat(self._dir_fd).st_nlink == 0:  # our directory was removed
+                raise CorruptStoreError(
+                    f"{self.root} was replaced or deleted after this store was opened, and "
+                    f"{rel} had not been read yet; open the store again",
+                    str(path),
+                ) from exc
+            raise
         vrows = self._vrows
         if vrows is None:
             return shard
         if shard.rows is None:  # rows not in layout order: give up the contiguous view
             self._vrows = None
             return shard
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = open_regular(path, self.root, self._dir_fd)
         try:
+            if os.fstat(fd).st_size != self.files[rel][0]:  # replaced since it was checked
+                raise CorruptStoreError(f"{path} changed while being opened", str(path))
             vrows.map_shard(k, fd, rows)
         except OSError:
             self._vrows = None
@@ -288,6 +327,8 @@ class Segment:
 
     def close(self) -> None:
         """Drop every mapping (views already handed out stay valid)."""
+        self._close_dir()
+        self._dir_fd = -1
         self._shards = [None] * len(self._shards)
         self._buffers = []
         self._vrows = None

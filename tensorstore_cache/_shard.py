@@ -171,8 +171,13 @@ class MappedShard:
         return flat.reshape(self.item_shape)
 
 
-def map_file(path: Path, root: Path, expected_size: int, *, copy_on_write: bool) -> mmap.mmap | None:
+def map_file(
+    path: Path, root: Path, expected_size: int, *, copy_on_write: bool, root_fd: int | None = None
+) -> mmap.mmap | None:
     """Map a whole store file after checking its size; ``None`` for an empty file.
+
+    ``root_fd`` (a descriptor of ``root``) pins the store directory, see
+    :func:`~tensorstore_cache._jsonio.open_regular`.
 
     Raises
     ------
@@ -181,7 +186,7 @@ def map_file(path: Path, root: Path, expected_size: int, *, copy_on_write: bool)
         exactly ``expected_size`` bytes (a truncated file would otherwise
         kill the reader with SIGBUS).
     """
-    fd = open_regular(path, root)
+    fd = open_regular(path, root, root_fd)
     try:
         size = os.fstat(fd).st_size
         if size != expected_size:
@@ -207,6 +212,7 @@ def map_shard(
     item_shape: tuple[int, ...],
     dtype: np.dtype[np.generic],
     expected_size: int,
+    root_fd: int | None = None,
 ) -> MappedShard:
     """Map a shard copy-on-write and check its index.
 
@@ -216,7 +222,7 @@ def map_shard(
         If the file has the wrong size, its index checksum fails, a row is
         missing, or a row lies outside the data region.
     """
-    buf = map_file(path, root, expected_size, copy_on_write=True)
+    buf = map_file(path, root, expected_size, copy_on_write=True, root_fd=root_fd)
     index_len = 16 * rows_per_shard + 4
     if buf is None or len(buf) < index_len:
         raise CorruptStoreError(f"{path} is too small to hold a shard index", str(path))

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from ._errors import CorruptStoreError
+from ._errors import CorruptStoreError, StoreNotFoundError
 from ._format import parse_group
+from ._jsonio import open_regular
 
 if TYPE_CHECKING:
     from ._store import CacheStore
@@ -133,15 +134,14 @@ def _hash_fd(fd: int, buf: bytearray) -> tuple[int, str]:
 
 
 def _check_file(
-    root: Path, rel: str, size: int, digest: str, report: VerifyReport, buf: bytearray
+    root: Path, rel: str, size: int, digest: str, report: VerifyReport, buf: bytearray,
+    root_fd: int,
 ) -> None:
-    from ._jsonio import open_regular
-
     path = root / rel
     try:
-        fd = open_regular(path, root)
+        fd = open_regular(path, root, root_fd)
     except CorruptStoreError as exc:
-        if not (path.exists() or path.is_symlink()):
+        if "is missing" in str(exc):
             report.problems.append(Problem(str(path), "missing", "missing"))
         else:
             detail = str(exc).removeprefix(f"{path} ")
@@ -179,7 +179,7 @@ def _check_file(
         os.close(fd)
 
 
-def _extras(root: Path, listed: Iterable[str]) -> list[Problem]:
+def _extras(root: Path, listed: Iterable[str], root_fd: int) -> list[Problem]:
     """Return a problem for every entry under ``root`` that the store does not list."""
     files = set(listed) | {"zarr.json"}
     dirs = {"."}
@@ -189,18 +189,18 @@ def _extras(root: Path, listed: Iterable[str]) -> list[Problem]:
             dirs.add(parent)
             parent = os.path.dirname(parent)
     found: list[Problem] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        base = os.path.relpath(dirpath, root)
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=root_fd):
+        base = os.path.normpath(dirpath)
         for name in [*dirnames, *filenames]:
             rel = os.path.normpath(os.path.join(base, name))
-            full = os.path.join(dirpath, name)
+            full = str(root / rel)
             try:
-                mode = os.lstat(full).st_mode
+                mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
             except OSError:
                 continue
             if stat.S_ISLNK(mode):
                 if rel not in files:  # a listed symlink is reported by _check_file
-                    target = os.readlink(full)
+                    target = os.readlink(name, dir_fd=dir_fd)
                     found.append(Problem(full, "extra", f"unexpected symlink to {target!r}"))
             elif stat.S_ISDIR(mode):
                 if rel not in dirs:
@@ -211,13 +211,16 @@ def _extras(root: Path, listed: Iterable[str]) -> list[Problem]:
     return found
 
 
-def verify_segment(root: str | os.PathLike[str]) -> VerifyReport:
+def verify_segment(root: str | os.PathLike[str], root_fd: int | None = None) -> VerifyReport:
     """Check one store directory: metadata, then every file's size and checksum.
 
     Parameters
     ----------
     root
         A store directory (one zarr v3 group written by this library).
+    root_fd
+        An open descriptor of that directory (an open store's): check the
+        directory it refers to, even if another has been renamed to ``root``.
 
     Returns
     -------
@@ -232,14 +235,31 @@ def verify_segment(root: str | os.PathLike[str]) -> VerifyReport:
     base = Path(os.fspath(root))
     report = VerifyReport(str(base))
     try:
-        _spec, files, _key_bytes_len = parse_group(base)
-    except CorruptStoreError as exc:
-        report.problems.append(Problem(exc.path or str(base / "zarr.json"), "metadata", str(exc)))
-        return report
-    buf = bytearray(min(_CHUNK, max((size for size, _ in files.values()), default=0) + 1))
-    for rel, (size, digest) in sorted(files.items()):
-        _check_file(base, rel, size, digest, report, buf)
-    report.problems.extend(_extras(base, files))
+        fd = os.open(base, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if root_fd is None \
+            else os.dup(root_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        raise StoreNotFoundError(f"no store at {str(base)!r}") from None
+    try:
+        try:
+            _spec, files, _key_bytes_len = parse_group(base, fd)
+        except StoreNotFoundError:
+            if root_fd is None:
+                raise
+            report.problems.append(Problem(
+                str(base / "zarr.json"), "missing",
+                "missing: the store was deleted or replaced after it was opened",
+            ))
+            return report
+        except CorruptStoreError as exc:
+            path = exc.path or str(base / "zarr.json")
+            report.problems.append(Problem(path, "metadata", str(exc)))
+            return report
+        buf = bytearray(min(_CHUNK, max((size for size, _ in files.values()), default=0) + 1))
+        for rel, (size, digest) in sorted(files.items()):
+            _check_file(base, rel, size, digest, report, buf, fd)
+        report.problems.extend(_extras(base, files, fd))
+    finally:
+        os.close(fd)
     report.problems.sort(key=lambda p: p.path)
     return report
 
@@ -268,22 +288,19 @@ def verify_store(target: CacheStore | str | os.PathLike[str]) -> VerifyReport:
     from ._store import CacheStore, open_store
 
     if isinstance(target, CacheStore):
-        roots = [seg.root for seg in target._segments]
-        location = target.location
-    else:
-        path = Path(os.fspath(target))
-        location = str(path)
-        if (path / "zarr.json").is_file() or (path / "zarr.json").is_symlink():
-            roots = [path]
-        else:  # a layout of several segments, or no store: let open_store decide
-            try:
-                with open_store(path) as store:
-                    roots = [seg.root for seg in store._segments]
-            except CorruptStoreError as exc:
-                report = VerifyReport(location)
-                report.problems.append(Problem(exc.path or location, "metadata", str(exc)))
-                return report
-    report = VerifyReport(location)
-    for root in roots:
-        report.extend(verify_segment(root))
-    return report
+        report = VerifyReport(target.location)
+        for seg in target._segments:
+            report.extend(verify_segment(seg.root, seg.dir_fd))
+        return report
+    path = Path(os.fspath(target))
+    if (path / "zarr.json").is_file() or (path / "zarr.json").is_symlink():
+        report = VerifyReport(str(path))
+        report.extend(verify_segment(path))
+        return report
+    try:  # a layout of several segments, or no store: let open_store decide
+        with open_store(path) as store:
+            return verify_store(store)
+    except CorruptStoreError as exc:
+        report = VerifyReport(str(path))
+        report.problems.append(Problem(exc.path or str(path), "metadata", str(exc)))
+        return report

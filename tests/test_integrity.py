@@ -424,3 +424,30 @@ def test_verify_is_read_only(pristine: Path, tmp_path: Path) -> None:
     assert verify_store(root).ok
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
     assert before == after
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_an_open_store_never_mixes_with_its_replacement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """build_store(overwrite=True) under a reader: old rows or a clear error, never new rows."""
+    from tensorstore_cache import _jsonio
+
+    if not exchange:
+        monkeypatch.setattr(_jsonio, "_renameat2", None)
+    root = tmp_path / "s.tsc"
+    build(root)
+    old = tsc.open_store(root)
+    assert float(old["src/k0070.bin"].sum()) == _sum(70)  # shard 1 mapped, 0 and 2 not yet
+    keys = _keys()[::-1]  # same keys, same sizes, every row moved
+    tsc.build_store(keys, root, loader=_vec, loader_id="vec/1", workers=1, progress=False,
+                    overwrite=True).close()
+    new = tsc.open_store(root)
+    assert new.paths == keys and float(new["src/k0005.bin"].sum()) == _sum(5)
+    assert float(old["src/k0071.bin"].sum()) == _sum(71)  # the mapped shard still reads
+    with pytest.raises(tsc.CorruptStoreError, match="replaced or deleted after this store"):
+        old["src/k0005.bin"]
+    with pytest.raises(tsc.CorruptStoreError):
+        old.verify()  # it checks the directory it opened, which is gone
+    new.verify()
+    assert [p.name for p in tmp_path.iterdir()] == ["s.tsc"]  # no debris either way

@@ -101,6 +101,7 @@ def _driver(mode: str, args: dict[str, Any]) -> dict[str, Any]:
         if overwrite:
             _build(count, new=False).close()
         _jsonio._KILL_AT = -1  # count the steps only
+        _jsonio._io_trace.clear()
         _build(count, overwrite=overwrite).close()
         steps = list(_jsonio._io_trace)
         _jsonio._KILL_AT = 0

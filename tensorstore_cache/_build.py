@@ -301,6 +301,8 @@ def build_store(
     progress: bool = True,
     overwrite: bool = False,
     executor: Executor | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> CacheStore:
     """Build a store of one vector per distinct path, publish it atomically, open it.
 
@@ -310,7 +312,10 @@ def build_store(
         Source paths: any iterable of ``str``/``os.PathLike`` (a list, a pandas
         Series, ...). Duplicates are stored once; rows follow first appearance.
     out
-        The store directory to create.
+        The store directory to create, or an fsspec URL (``s3://bucket/covers.tsc``;
+        needs the ``remote`` extra): the store is then built in a local staging
+        directory under ``<cache_dir>/remote/``, uploaded with its group
+        ``zarr.json`` last, and kept there as this node's copy.
     size
         ``(height, width)`` of the default image loader.
     dtype
@@ -333,8 +338,17 @@ def build_store(
         Replace an existing store at ``out``.
     executor
         A :class:`concurrent.futures.Executor` to run the shard tasks on
-        instead of a local process pool (e.g. a Dask client's executor); the
-        target must be on a filesystem its workers share.
+        instead of a local process pool (e.g. ``dask.distributed.Client(...)
+        .get_executor()``); every task writes one whole shard into the build
+        directory next to ``out``, which must be on a filesystem all workers
+        share. Tasks may be retried (a killed worker): a shard is written to a
+        ``.partial`` file and renamed, so a retry replaces it safely. Pass
+        ``workers=`` the cluster's thread count so that there are enough shards.
+    cache_dir
+        For a URL ``out``: the local cache directory (default
+        ``$TSC_CACHE_DIR``, else ``~/.cache/tensorstore_cache``).
+    storage_options
+        For a URL ``out``: options of the fsspec filesystem.
 
     Returns
     -------
@@ -356,6 +370,16 @@ def build_store(
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if isinstance(out, str) and "://" in out:
+        from ._remote import build_remote, is_url
+
+        if is_url(out):
+            return build_remote(
+                paths, out, overwrite=overwrite, cache_dir=cache_dir,
+                storage_options=storage_options, size=size, dtype=dtype, loader=loader,
+                loader_id=loader_id, workers=workers, on_error=on_error, progress=progress,
+                executor=executor,
+            )
     target = Path(os.fspath(out))
     if (target.exists() or target.is_symlink()) and not overwrite:
         raise StoreExistsError(

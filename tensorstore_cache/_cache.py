@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ def cached(
     check: str = "stat",
     on_stale: str = "rebuild",
     lock_timeout: float | None = None,
+    executor: Executor | None = None,
 ) -> CacheStore:
     """Return a store holding the vector of every path, computing only what is missing.
 
@@ -180,6 +182,11 @@ def cached(
         changes, e.g. ``"myproject.thumbnails/2"``.
     workers
         Worker processes for a build (default: every core).
+    executor
+        A :class:`concurrent.futures.Executor` that runs the build's shard
+        tasks instead of a local process pool (e.g. a Dask client's
+        ``get_executor()``); ``cache_dir`` must then be on a filesystem every
+        worker shares. See :func:`build_store`.
     on_error
         ``"raise"``: a source that fails to load fails the call and nothing
         is published. ``"skip"``: the rest is published; skipped sources are
@@ -266,7 +273,7 @@ def cached(
             if stale:
                 logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
             part = _build_part(ns, todo, fn, ident, params, item_shape, np_dtype, workers,
-                               on_error, progress, check)
+                               on_error, progress, check, executor)
             if part is not None:
                 manifest = _publish_part(ns, part, todo)
                 if manifest is not None:
@@ -300,6 +307,7 @@ def _build_part(
     on_error: str,
     progress: bool,
     check: str,
+    executor: Executor | None = None,
 ) -> str | None:
     """Build ``todo`` into a new part; return its id, or None if nothing was built."""
     part = ns.new_part_id()
@@ -311,7 +319,7 @@ def _build_part(
         use = PartLoader(fn, item_shape, params)
     store = build_store(
         todo, target, dtype=dtype, loader=use, loader_id=ident, workers=workers,
-        on_error=on_error, progress=progress,
+        on_error=on_error, progress=progress, executor=executor,
     )
     try:
         n = len(store)

@@ -107,11 +107,11 @@ def test_racers_without_locks_agree(tmp_path: Path) -> None:
         np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
 
 
-def _slow_builder(cache: str, keys: list[str], log: str, err: str) -> None:
+def _slow_builder(cache: str, keys: list[str], log: str, err: str, delay: float) -> None:
     fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    store = tsc.cached(keys, cache_dir=cache, loader=LogLoader(log, delay=0.05), workers=1,
+    store = tsc.cached(keys, cache_dir=cache, loader=LogLoader(log, delay=delay), workers=1,
                        progress=True)
     np.save(err + ".npy", store.take(store.rows(keys)))
 
@@ -128,11 +128,12 @@ def test_killed_builder_is_replaced_by_a_waiter(tmp_path: Path) -> None:
     log = tmp_path / "log"
     ctx = multiprocessing.get_context("spawn")
     cache = str(tmp_path / "cache")
-    a = ctx.Process(target=_slow_builder, args=(cache, keys, str(log), str(tmp_path / "a.err")))
-    b = ctx.Process(target=_slow_builder, args=(cache, keys, str(log), str(tmp_path / "b.err")))
+    # the first builder hangs in its first item (same transform: the delay is no parameter)
+    a = ctx.Process(target=_slow_builder, args=(cache, keys, str(log), str(tmp_path / "a.err"), 600))
+    b = ctx.Process(target=_slow_builder, args=(cache, keys, str(log), str(tmp_path / "b.err"), 0))
     try:
         a.start()
-        _wait_for("the first builder to start computing", lambda: len(log_lines(log)) >= 2)
+        _wait_for("the first builder to start computing", lambda: len(log_lines(log)) >= 1)
         b.start()
         b_err = tmp_path / "b.err"
         _wait_for("the second caller to report whom it waits for",
@@ -153,8 +154,7 @@ def test_killed_builder_is_replaced_by_a_waiter(tmp_path: Path) -> None:
     lines = log_lines(log)
     by_b = Counter(key for pid, key in lines if pid == b.pid)
     assert set(by_b) == set(keys) and set(by_b.values()) == {1}
-    assert {pid for pid, _ in lines} == {a.pid, b.pid}
-    assert len(lines) < 2 * len(keys), "the dead builder did not finish"
+    assert [key for pid, key in lines if pid != b.pid] == [keys[0]], "the killed builder began"
     # the dead builder's temporary directory was invisible to readers; the waiter removed it
     ns = Namespace(Namespace_dir(tmp_path))
     assert not any(".tsc-build-" in p.name for p in ns.parts_dir.iterdir())

@@ -164,7 +164,10 @@ def _download(fs: Any, root: str, raw: bytes, tmp: Path) -> int:
     for rel in meta:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
     _get(fs, root, tmp, meta)  # read_json caps their size; checksums are checked below
-    _spec, files, _ = parse_group(tmp)
+    try:
+        _spec, files, _ = parse_group(tmp)
+    except (CorruptStoreError, StoreNotFoundError) as exc:  # e.g. replaced while we read it
+        raise _ChangedError([("metadata", str(exc))]) from None
     data = sorted(set(files) - set(meta))
     for rel in data:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -178,6 +178,18 @@ def test_damaged_remote_store_is_never_published(
     assert _versions(cache) == [] and _hidden(cache) == []
 
 
+def test_remote_metadata_that_lies_is_refused(local_store: tsc.CacheStore, tmp_path: Path) -> None:
+    src = tmp_path / "remote.tsc"
+    shutil.copytree(local_store.location, src)
+    meta = src / "vectors" / "zarr.json"
+    meta.write_text(meta.read_text().replace('"float32"', '"float64"'))
+    cache = tmp_path / "cache"
+    with pytest.raises(tsc.CorruptStoreError) as info:
+        tsc.open_store(f"local://{src}", cache_dir=cache)
+    assert "vectors/zarr.json" in str(info.value)
+    assert _versions(cache) == [] and _hidden(cache) == []
+
+
 def test_missing_remote_store(tmp_path: Path) -> None:
     with pytest.raises(tsc.StoreNotFoundError) as info:
         tsc.open_store(f"memory://{tmp_path.name}/nothing.tsc", cache_dir=tmp_path)

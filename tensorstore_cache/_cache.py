@@ -22,7 +22,7 @@ import numpy as np
 
 from ._build import build_store, collect_debris
 from ._compact import merge_start, write_merged
-from ._errors import StaleSourceError
+from ._errors import BuildError, StaleSourceError, StoreNotFoundError
 from ._keys import normalize_keys
 from ._loader import ImageLoader
 from ._lock import Holder
@@ -237,9 +237,42 @@ def cached(
     fp = fingerprint(ident, params, np_dtype)
     root = Path(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
     ns = Namespace(root.expanduser() / namespace_name(fp), fp)
+    keys = list(dict.fromkeys(normalize_keys(paths)))
+    build = _Build(fn, ident, params, item_shape, np_dtype, workers, on_error, progress, check,
+                   on_stale, lock_timeout, executor)
+    for attempt in range(3):
+        try:
+            return _get_or_build(ns, keys, build)
+        except StoreNotFoundError:
+            if attempt == 2:
+                raise
+            # gc removed the namespace (or a part) while we opened it: start afresh
+            logger.info("%s was collected while in use; retrying", ns.root.name)
+    raise AssertionError("unreachable")
+
+
+@dataclass(slots=True)
+class _Build:
+    """How to compute what is missing (the options of one cached() call)."""
+
+    fn: Loader
+    ident: str
+    params: dict[str, Any]
+    item_shape: tuple[int, ...] | None
+    dtype: str
+    workers: int | None
+    on_error: str
+    progress: bool
+    check: str
+    on_stale: str
+    lock_timeout: float | None
+    executor: Executor | None
+
+
+def _get_or_build(ns: Namespace, keys: list[str], b: _Build) -> CacheStore:
     ns.ensure()
     ns.touch()
-    keys = list(dict.fromkeys(normalize_keys(paths)))
+    check, on_stale, item_shape = b.check, b.on_stale, b.item_shape
 
     # Most calls end here, without any lock: everything is cached and current.
     view = _open(ns, ns.current(), pin=True)
@@ -253,7 +286,7 @@ def cached(
     todo = missing + stale
 
     lock = ns.lock()
-    lock.acquire(timeout=lock_timeout, on_wait=_reporter(ns, progress))  # False: no locks here
+    lock.acquire(timeout=b.lock_timeout, on_wait=_reporter(ns, b.progress))  # False: no locks here
     try:
         # Re-check under the lock: the previous holder may have built what we need.
         base = ns.current()
@@ -263,8 +296,15 @@ def cached(
             if stale and on_stale == "raise":
                 raise StaleSourceError(stale)
             todo = missing + stale
-            if view is not None and item_shape is None:
-                item_shape = view.spec.item_shape
+            if view is not None:
+                held = view.spec.item_shape
+                if item_shape is not None and tuple(item_shape) != held:
+                    raise ValueError(
+                        f"the loader declares items of shape {tuple(item_shape)}, but the cache "
+                        f"{str(ns.root)!r} holds items of shape {held} made by {b.ident!r}; "
+                        "if the loader's output changed, give it a new loader_id"
+                    )
+                item_shape = held
         finally:
             if view is not None:
                 view.close()
@@ -272,8 +312,8 @@ def cached(
             _sweep_debris(ns)
             if stale:
                 logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
-            part = _build_part(ns, todo, fn, ident, params, item_shape, np_dtype, workers,
-                               on_error, progress, check, executor)
+            part = _build_part(ns, todo, b.fn, b.ident, b.params, item_shape, b.dtype, b.workers,
+                               b.on_error, b.progress, check, b.executor)
             if part is not None:
                 manifest = _publish_part(ns, part, todo)
                 if manifest is not None:
@@ -317,10 +357,18 @@ def _build_part(
         use: Loader = fn
     else:
         use = PartLoader(fn, item_shape, params)
-    store = build_store(
-        todo, target, dtype=dtype, loader=use, loader_id=ident, workers=workers,
-        on_error=on_error, progress=progress, executor=executor,
-    )
+    try:
+        store = build_store(
+            todo, target, dtype=dtype, loader=use, loader_id=ident, workers=workers,
+            on_error=on_error, progress=progress, executor=executor,
+        )
+    except BuildError as exc:
+        if item_shape is not None and any("must have shape" in r for _p, r in exc.failures):
+            exc.add_note(
+                f"the cache {ns.root.name} holds items of shape {item_shape} made by "
+                f"{ident!r}; if the loader's output changed, give it a new loader_id"
+            )
+        raise
     try:
         n = len(store)
         built = store.paths if hashes is not None else []

@@ -108,6 +108,30 @@ def test_custom_loader_needs_an_id(tmp_path: Path, cache: Path) -> None:
         tsc.cached(keys, cache_dir=cache, loader=bad, progress=False)
 
 
+class _Resized(LogLoader):
+    item_shape = (5,)
+
+    def __call__(self, key: str) -> np.ndarray:
+        return np.zeros(5, np.float32)
+
+
+class _ResizedUndeclared(_Resized):
+    item_shape = None  # type: ignore[assignment]
+
+
+def test_changed_output_shape_without_new_id_is_refused(tmp_path: Path, cache: Path) -> None:
+    keys = write_sources(tmp_path / "src", 3)
+    log = tmp_path / "log"
+    tsc.cached(keys[:2], cache_dir=cache, loader=LogLoader(log), progress=False)
+    with pytest.raises(ValueError, match="new loader_id"):
+        tsc.cached(keys, cache_dir=cache, loader=_Resized(log), progress=False)
+    with pytest.raises(tsc.BuildError) as info:
+        tsc.cached(keys, cache_dir=cache, loader=_ResizedUndeclared(log), progress=False)
+    assert "new loader_id" in "\n".join(getattr(info.value, "__notes__", []))
+    store = tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), progress=False)
+    np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
+
+
 def test_empty_request(tmp_path: Path, cache: Path) -> None:
     store = tsc.cached([], cache_dir=cache, progress=False)
     assert len(store) == 0 and store.paths == [] and store.spec.item_shape == (3, 32, 32)
@@ -150,6 +174,28 @@ def test_multi_part_rows_paths_and_lookups_agree(tmp_path: Path, cache: Path) ->
         np.testing.assert_array_equal(store[key], vector_of(Path(key).read_bytes()))
     assert store.shape == (24, 4)
     assert store.get("nope") is None and "nope" not in store
+
+
+def test_namespace_collected_while_opening_is_rebuilt(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tensorstore_cache._cache as cache_mod
+
+    keys = write_sources(tmp_path / "src", 5)
+    log = tmp_path / "log"
+    tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), progress=False)
+    real = cache_mod.open_parts
+    state = {"first": True}
+
+    def collected_first(*args: Any, **kwargs: Any) -> tsc.CacheStore:
+        if state.pop("first", False):
+            assert [r.kind for r in tsc.gc(cache, older_than=0)] == ["namespace"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache_mod, "open_parts", collected_first)
+    store = tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), progress=False)
+    np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
+    assert calls(log) == Counter({k: 2 for k in keys})
 
 
 # -- staleness --------------------------------------------------------------------------

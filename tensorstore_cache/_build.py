@@ -30,12 +30,13 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
-from ._errors import BuildError, StoreExistsError
+from ._errors import BuildError, CorruptStoreError, StoreExistsError
 from ._format import (
     ATTR_KEY,
     INDEX_ARRAYS,
     VECTORS,
     index_array_metadata,
+    parse_group,
     shard_key,
     vectors_metadata,
 )
@@ -601,6 +602,13 @@ def _publish(tmp: Path, target: Path, attrs: dict[str, Any], overwrite: bool) ->
     group = {"attributes": {ATTR_KEY: attrs}, "zarr_format": 3, "node_type": "group"}
     write_json_durable(tmp / "zarr.json", group)
     fsync_dir(tmp)
+    try:  # publish only what readers accept (e.g. not metadata past their size caps)
+        parse_group(tmp)
+    except CorruptStoreError as exc:
+        raise BuildError(
+            f"the finished store fails the checks every reader applies, so nothing was "
+            f"published at {str(target)!r}: {exc}"
+        ) from exc
     old: Path | None = None
     if overwrite and (target.exists() or target.is_symlink()):
         # one atomic swap where the system has it: readers see the old or the new store

@@ -607,3 +607,28 @@ def test_opening_and_reading_never_unpickles(pristine: Path) -> None:
     want = sum(float(_vec(k).sum()) for k in _keys())
     want += sum(float(_vec(k).sum()) for k in _keys()[::10])
     assert proc.stdout.split() == ["read", repr(want)]
+
+
+# -- the writer publishes only what readers accept ------------------------------------
+
+def test_a_store_readers_would_refuse_is_never_published(tmp_path: Path) -> None:
+    root = tmp_path / "s.tsc"
+    with pytest.raises(tsc.BuildError) as info:
+        tsc.build_store(_keys()[:5], root, loader=_vec, loader_id="x" * 5000, workers=1,
+                        progress=False)
+    assert "loader_id must be a short string" in str(info.value)
+    assert "nothing was published" in str(info.value)
+    assert isinstance(info.value.__cause__, tsc.CorruptStoreError)
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_metadata_past_the_readers_cap_is_never_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorstore_cache import _format
+
+    monkeypatch.setattr(_format, "MAX_GROUP_JSON", 1024)  # as if 100k sources were skipped
+    with pytest.raises(tsc.BuildError, match="more than the 1024 allowed"):
+        tsc.build_store(_keys(), tmp_path / "s.tsc", loader=_vec, loader_id="vec/1",
+                        workers=1, progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -31,13 +31,14 @@ def test_sweep_agents_share_one_build(tmp_path: Path, mode: str) -> None:
     out = run_example("sweep_agents.py", "--n", "30", "--rows", "120", "--agents", "2",
                       "--build-workers", "1", "--cache-dir", str(cache), *extra)
     lines = re.findall(r"agent (\d) \(pid (\d+)\): vectors for 120 rows \((\d+) covers\) in ([0-9.]+) s", out)
-    assert sorted(k for k, *_ in lines) == ["0", "1"]
-    assert len({pid for _, pid, *_ in lines}) == 2  # two fresh processes
-    assert "2 agents done" in out
-    (info,) = tsc.list_caches(cache)  # one cache: 32 x 32 float32 vectors
+    assert sorted(k for k, *_ in lines) == ["0", "1"], out
+    assert len({pid for _, pid, *_ in lines}) == 2, out  # two fresh processes
+    assert "2 agents done" in out, out
+    caches = tsc.list_caches(cache)
+    assert len(caches) == 1, (caches, out)  # one cache: 32 x 32 float32 vectors
     covers = {int(c) for _, _, c, _ in lines}
-    assert len(covers) == 1 and info.entries == covers.pop()
-    assert info.parts == 1  # built once, by one agent; the others only opened it
+    assert len(covers) == 1 and caches[0].entries == covers.pop(), (caches, out)
+    assert caches[0].parts == 1, (caches, out)  # built once, by one agent; the other opened it
 
 
 def test_dataloader_trains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,10 +1,14 @@
 """Hugging Face ``datasets``: ``Dataset.map`` to an Arrow cache file, numpy format.
 
 The first agent runs ``Dataset.from_dict({"img_path": paths}).map(fn, batched=True,
-num_proc=2, cache_file_name=...)`` with the vector as an ``Array3D`` feature; a later
-agent runs the same code and ``map`` finds the cache files and memory-maps them. Items
-are looked up by path through a path -> row dict built in the agent; batches are
-``ds[rows]``.
+num_proc=2, cache_file_name=...)``; a later agent runs the same code and ``map`` finds
+the cache files and memory-maps them. Items are looked up by path through a path -> row
+dict built in the agent; batches are ``ds[rows]``.
+
+The vector is stored as a fixed-size list of 3,072 float32 (``List(Value("float32"),
+length=3072)``) and reshaped to ``(3, 32, 32)`` on read: of the two documented feature
+types for a fixed-shape tensor this is the faster one here (``Array3D`` reads single items
+about 5x and batches of 256 about 15x slower).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import numpy as np
 
 from ._base import ITEM_SHAPE, PASS_BATCH, Column, Method, default_loader
 
+FLAT = int(np.prod(ITEM_SHAPE))
+
 NUM_PROC = 2
 
 
@@ -28,7 +34,8 @@ class _Vectorize:
         self.loader = loader
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, Any]:
-        return {"vector": np.stack([self.loader(p) for p in batch["img_path"]])}
+        vectors = np.stack([self.loader(p) for p in batch["img_path"]])
+        return {"vector": vectors.reshape(len(vectors), FLAT)}
 
 
 class HfColumn(Column):
@@ -41,13 +48,13 @@ class HfColumn(Column):
         self.rows = np.fromiter((row_of[p] for p in paths), dtype=np.int64, count=len(paths))
 
     def lookup(self, path: str) -> Any:
-        return self.vec[self.row_of[path]]["vector"]
+        return self.vec[self.row_of[path]]["vector"].reshape(ITEM_SHAPE)
 
     def item(self, i: int) -> Any:
-        return self.vec[int(self.rows[i])]["vector"]
+        return self.vec[int(self.rows[i])]["vector"].reshape(ITEM_SHAPE)
 
     def batch(self, rows: np.ndarray) -> np.ndarray:
-        return self.vec[self.rows[rows]]["vector"]
+        return self.vec[self.rows[rows]]["vector"].reshape(-1, *ITEM_SHAPE)
 
     def dataloader(self, batch_size: int, num_workers: int, context: Any) -> Any:
         # the library's documented way: the formatted Dataset itself in a DataLoader
@@ -65,7 +72,7 @@ class HfColumn(Column):
 
 class HfDatasets(Method):
     name = "hf_datasets"
-    summary = "Hugging Face datasets: map() to an Arrow cache (Array3D), numpy format"
+    summary = "Hugging Face datasets: map() to an Arrow cache, numpy format"
     modules = ("datasets",)
 
     def prepare(self, workdir: Path, paths: list[str]) -> dict[str, Any]:
@@ -75,13 +82,13 @@ class HfDatasets(Method):
 
     def load(self, state: dict[str, Any], paths: list[str], loader: Any = None) -> Column:
         import datasets
-        from datasets import Array3D, Dataset, Features, Value
+        from datasets import Dataset, Features, List, Value
 
         datasets.disable_progress_bars()
         cache_file = str(Path(state["cache_dir"]) / "vectors.arrow")
         hit = any(Path(state["cache_dir"]).glob("vectors*.arrow"))
         features = Features(
-            {"img_path": Value("string"), "vector": Array3D(shape=ITEM_SHAPE, dtype="float32")}
+            {"img_path": Value("string"), "vector": List(Value("float32"), length=FLAT)}
         )
         t0 = time.perf_counter()
         ds = Dataset.from_dict({"img_path": paths}).map(

@@ -38,7 +38,7 @@ from benchmarks import _report, make_images, methods
 from benchmarks._driver import run_round, set_start_method
 from benchmarks.methods._base import ITEM_BYTES, SyntheticLoader
 
-DEFAULT_IMAGES = 20_000
+DEFAULT_IMAGES = 10_000
 QUICK_IMAGES = 200
 DEFAULT_OPEN_SIZES = (5_000, 20_000, 80_000)
 QUICK_OPEN_SIZES = (100, 200, 400)

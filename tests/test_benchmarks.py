@@ -21,6 +21,9 @@ from PIL import Image
 from benchmarks import make_images
 from benchmarks.methods import METHODS
 
+for _module in ("torch", "pandas", "datasets", "zarr", "psutil", "matplotlib"):
+    pytest.importorskip(_module)  # the benchmark's extra dependencies
+
 REPO = Path(__file__).resolve().parents[1]
 
 REQUIRED = (

@@ -82,7 +82,12 @@ class HfDatasets(Method):
 
     def load(self, state: dict[str, Any], paths: list[str], loader: Any = None) -> Column:
         import datasets
-        from datasets import Dataset, Features, List, Value
+        from datasets import Dataset, Features, Value
+
+        try:
+            from datasets import List  # datasets >= 4
+        except ImportError:  # older datasets name it Sequence
+            from datasets import Sequence as List
 
         datasets.disable_progress_bars()
         cache_file = str(Path(state["cache_dir"]) / "vectors.arrow")

@@ -37,6 +37,7 @@ import numpy as np
 from benchmarks import _report, make_images, methods
 from benchmarks._driver import run_round, set_start_method
 from benchmarks.methods._base import ITEM_BYTES, SyntheticLoader
+from benchmarks.methods.torch_save import UNSAFE_NOTE
 
 DEFAULT_IMAGES = 10_000
 QUICK_IMAGES = 200
@@ -121,6 +122,8 @@ def bench_method(name: str, cfg: Config, paths: list[str], paths_file: str) -> d
     job = {"method": name, "state": state, "paths_file": paths_file, "seed": cfg.seed,
            "budget_s": cfg.budget_s, "verify_rows": cfg.verify_rows}
     rec: dict[str, Any] = {"summary": method.summary}
+    if name == "torch_save":
+        log(UNSAFE_NOTE)
     try:
         log(f"{name}: first agent")
         (first,), _ = run_round(

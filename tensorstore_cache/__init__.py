@@ -28,6 +28,7 @@ from ._gc import CacheInfo, Removed, gc, list_caches
 from ._loader import ImageLoader, to_float32
 from ._spec import FORMAT_VERSION, StoreSpec
 from ._store import CacheStore, open_store
+from ._verify import VerifyReport, verify_store
 
 __version__ = "0.1.0"
 
@@ -46,6 +47,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreSpec",
     "TensorStoreCacheError",
+    "VerifyReport",
     "__version__",
     "build_store",
     "cached",
@@ -53,4 +55,5 @@ __all__ = [
     "list_caches",
     "open_store",
     "to_float32",
+    "verify_store",
 ]

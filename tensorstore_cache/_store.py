@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["CacheStore", "open_store"]
 
 _T = TypeVar("_T")
+#: Keys looked up per vectorised step of :meth:`CacheStore.rows`.
+_ROWS_CHUNK = 4096
 _MISSING: Any = object()
 
 
@@ -200,7 +202,30 @@ class CacheStore:
         self._check_open()
         if missing not in ("raise", "ignore"):
             raise ValueError(f"missing must be 'raise' or 'ignore', got {missing!r}")
-        keys = normalize_keys(paths)
+        values = getattr(paths, "values", paths)  # a pandas Series -> its ndarray
+        if isinstance(values, (str, bytes, os.PathLike)):
+            raise TypeError(
+                f"paths must be an iterable of paths, not a single path: {values!r}; "
+                "wrap it in a list"
+            )
+        if not isinstance(values, (list, tuple, np.ndarray)):
+            values = list(values)
+        out = np.full(len(values), -1, dtype=np.int64)
+        missing_keys: list[str] = []
+        # In chunks: the temporaries of a lookup grow with the keys' bytes, and a
+        # process keeps freed heap, so one huge call would cost memory for good.
+        for start in range(0, len(values), _ROWS_CHUNK):
+            keys = normalize_keys(values[start : start + _ROWS_CHUNK])
+            found = self._rows_of(keys)
+            out[start : start + len(keys)] = found
+            if missing == "raise" and np.any(found < 0):
+                missing_keys.extend(keys[i] for i in np.flatnonzero(found < 0).tolist())
+        if missing_keys:
+            raise KeyNotInStoreError(missing_keys)
+        return out
+
+    def _rows_of(self, keys: list[str]) -> npt.NDArray[np.int64]:
+        """Return the row of every normalised key, -1 where absent."""
         encoded = [encode_key(k) for k in keys]
         hashes = hash_encoded(encoded)
         out = np.full(len(keys), -1, dtype=np.int64)
@@ -216,8 +241,6 @@ class CacheStore:
             hit = found >= 0
             local = found[hit]
             out[todo[hit]] = local if self._single is not None else self._overlay_().to_global(k, local)
-        if missing == "raise" and np.any(out < 0):
-            raise KeyNotInStoreError([keys[i] for i in np.flatnonzero(out < 0).tolist()])
         return out
 
     def take(self, rows: npt.ArrayLike, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:

@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing
-import multiprocessing.connection
 import os
-import pickle
 import shutil
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from tqdm.auto import tqdm
 
 from ._errors import BuildError, CorruptStoreError, StoreExistsError
 from ._format import (
@@ -46,10 +40,10 @@ from ._loader import ImageLoader
 from ._shard import remove_partials, write_shard
 from ._spec import StoreSpec
 from ._store import CacheStore, open_store
+from ._tasks import Loader, ShardTask, load_item, run_tasks
 
-__all__ = ["build_store", "default_workers", "load_item"]
+__all__ = ["build_store", "collect_debris", "default_workers"]
 
-Loader = Callable[[str], Any]
 
 #: Target size of one shard file.
 SHARD_BYTES = 32 << 20
@@ -62,91 +56,6 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
-
-
-def load_item(loader: Loader, key: str, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> npt.NDArray[Any]:
-    """Call ``loader`` on ``key`` and check the result's shape and dtype."""
-    value = np.asarray(loader(key))
-    if shape is not None and value.shape != shape:
-        raise ValueError(
-            f"the loader returned shape {value.shape}, but every item must have shape {shape}"
-        )
-    if value.dtype != dtype:
-        if not np.can_cast(value.dtype, dtype, "same_kind"):
-            raise TypeError(
-                f"the loader returned {value.dtype}, which cannot be stored as {dtype} "
-                f"without changing its kind; return {dtype} or pass dtype={value.dtype.name!r}"
-            )
-        value = value.astype(dtype)
-    return value
-
-
-def _source_identity(key: str) -> tuple[int, int]:
-    try:
-        st = os.stat(key)
-    except OSError:
-        return -1, -1
-    return st.st_size, st.st_mtime_ns
-
-
-@dataclass(slots=True)
-class ShardTask:
-    """Everything a worker needs to produce one shard (picklable)."""
-
-    root: str
-    rel: str
-    keys: list[str]
-    loader: Loader
-    dtype: str
-    item_shape: tuple[int, ...]
-    rows_per_shard: int
-    write_on_failure: bool
-
-
-@dataclass(slots=True)
-class ShardResult:
-    """What a worker reports back for one shard."""
-
-    rel: str
-    size: int = 0
-    checksum: str = ""
-    failures: list[tuple[int, str]] = field(default_factory=list)
-    source_size: list[int] = field(default_factory=list)
-    source_mtime_ns: list[int] = field(default_factory=list)
-
-
-def run_shard(task: ShardTask) -> ShardResult:
-    """Decode every key of one shard and write the shard file (in a worker)."""
-    dtype = np.dtype(task.dtype)
-    block = np.zeros((len(task.keys), *task.item_shape), dtype=dtype)
-    result = ShardResult(task.rel)
-    for i, key in enumerate(task.keys):
-        size, mtime = _source_identity(key)
-        result.source_size.append(size)
-        result.source_mtime_ns.append(mtime)
-        try:
-            block[i] = load_item(task.loader, key, dtype, task.item_shape)
-        except Exception as exc:  # every failure is reported, none stops the build
-            result.failures.append((i, f"{type(exc).__name__}: {exc}"))
-    if result.failures and not task.write_on_failure:
-        return result
-    path = Path(task.root) / task.rel
-    # Create the shard's directories below the build's vectors/ only: if the build
-    # was abandoned (its directory removed or published), a late or retried task
-    # fails here instead of recreating it. write_shard replaces atomically, so a
-    # retried task overwrites whatever a killed attempt left.
-    base = Path(task.root) / VECTORS
-    d = base
-    for part in Path(task.rel).parts[1:-1]:  # "c", shard number, "0"...
-        d = d / part
-        io_step("mkdir")
-        d.mkdir(exist_ok=True)
-    result.size, result.checksum = write_shard(path, block, task.rows_per_shard, parents=False)
-    d = path.parent
-    while d != base.parent:
-        fsync_dir(d)
-        d = d.parent
-    return result
 
 
 def _rows_per_shard(n: int, item_nbytes: int, workers: int) -> int:
@@ -464,7 +373,7 @@ def _build_into(
                   spec.item_shape, s, on_error == "skip")
         for k in range(math.ceil(n / s))
     ]
-    results = _run_tasks(tasks, nworkers, progress, executor, target, n)
+    results = run_tasks(tasks, nworkers, progress, executor, target, n)
     remove_partials(tmp / VECTORS)  # left by attempts killed mid-write, then retried
     failures: list[tuple[int, str]] = []
     sizes = np.empty(n, dtype=np.int64)
@@ -503,89 +412,6 @@ def _build_into(
     attrs["checksum"] = "xxh3_128"
     attrs["files"] = dict(sorted(files.items()))
     return attrs
-
-
-def _run_tasks(
-    tasks: list[ShardTask], nworkers: int, progress: bool, executor: Executor | None, target: Path, n: int
-) -> dict[str, ShardResult]:
-    bar = tqdm(total=n, unit="item", desc=f"building {target.name}", disable=not progress, smoothing=0.1)
-    results: dict[str, ShardResult] = {}
-    try:
-        if executor is None and (nworkers == 1 or len(tasks) <= 1):
-            for task in tasks:
-                results[task.rel] = run_shard(task)
-                bar.update(len(task.keys))
-            return results
-        if executor is None:
-            try:
-                pickle.dumps(tasks[0].loader)
-            except Exception as exc:
-                raise TypeError(
-                    f"the loader {tasks[0].loader!r} cannot be sent to worker processes ({exc}); "
-                    "define it at module level (not a lambda or closure) or pass workers=1"
-                ) from None
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(
-                max_workers=min(nworkers, len(tasks)), mp_context=ctx, initializer=_exit_with_parent
-            ) as pool:
-                results = _collect(pool, tasks, bar)
-        else:
-            results = _collect(executor, tasks, bar)
-    finally:
-        bar.close()
-    return results
-
-
-def _exit_with_parent() -> None:
-    """In a pool worker: exit as soon as the building process dies.
-
-    A worker blocks on the task queue, whose write end every worker also
-    holds, so it would never see the builder vanish (SIGKILL, out of memory)
-    and would linger forever. A daemon thread waits for the parent's death
-    instead; whatever the worker was writing lies in the dead build's
-    directory, which ``collect_debris`` removes.
-    """
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tsc-exit-with-parent", daemon=True).start()
-
-
-def _collect(pool: Executor, tasks: list[ShardTask], bar: Any) -> dict[str, ShardResult]:
-    futures: dict[Future[ShardResult], ShardTask] = {}
-    results: dict[str, ShardResult] = {}
-    try:
-        for t in tasks:
-            futures[pool.submit(run_shard, t)] = t
-        for fut in as_completed(futures):
-            task = futures[fut]
-            try:
-                results[task.rel] = fut.result()
-            except Exception as exc:
-                first = task.keys[0] if task.keys else "-"
-                exc.add_note(f"while building shard {task.rel} ({len(task.keys)} sources from {first!r})")
-                raise
-            bar.update(len(task.keys))
-    except BrokenExecutor as exc:
-        for fut in futures:
-            fut.cancel()
-        left = [t.rel for t in tasks if t.rel not in results]
-        raise BuildError(
-            f"a worker process died abruptly (killed by a signal, out of memory, or a crash "
-            f"in native code) with {len(left)} shard(s) unfinished (e.g. {left[:3]}); nothing "
-            "was published. Build again; if it keeps failing, build with workers=1 to find "
-            "the source that crashes the loader."
-        ) from exc
-    except BaseException:
-        for fut in futures:
-            fut.cancel()
-        raise
-    return results
 
 
 def _failure_message(failures: list[tuple[str, str]], n: int, target: Path) -> str:

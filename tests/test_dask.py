@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._build import ShardTask, run_shard
 from tensorstore_cache._format import parse_group
 from tensorstore_cache._keys import normalize_key
 from tensorstore_cache._shard import PARTIAL_SUFFIX, file_checksum, remove_partials
+from tensorstore_cache._tasks import ShardTask, run_shard
 
 from .conftest import write_images
 

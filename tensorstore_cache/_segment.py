@@ -161,8 +161,8 @@ class Segment:
     ) -> npt.NDArray[np.int64]:
         """Return the row of every key, -1 where absent.
 
-        The search and the byte-for-byte comparison of every candidate with
-        its stored key are vectorised; only hash collisions fall back to a scan.
+        The search is vectorised, every candidate is then compared byte for byte
+        with its stored key; only hash collisions fall back to a scan.
         """
         out = np.full(len(encoded), -1, dtype=np.int64)
         if self.n == 0 or len(encoded) == 0:
@@ -179,24 +179,17 @@ class Segment:
         starts_u, stops_u = offsets[rows], offsets[rows + 1]
         if np.any(stops_u < starts_u) or int(stops_u.max()) > len(self.key_bytes):
             raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
-        starts = starts_u.astype(np.int64)
-        stored_len = stops_u.astype(np.int64) - starts
-        query_len = np.fromiter((len(encoded[i]) for i in cand.tolist()), np.int64, len(cand))
-        same = stored_len == query_len
-        if np.any(same):
-            sel = np.flatnonzero(same)
-            lens = query_len[sel]
-            query = np.frombuffer(b"".join(encoded[i] for i in cand[sel].tolist()), np.uint8)
-            # position of every query byte inside key_bytes
-            first = np.zeros(len(sel), np.int64)
-            np.cumsum(lens[:-1], out=first[1:])
-            where = np.arange(len(query), dtype=np.int64) + np.repeat(starts[sel] - first, lens)
-            mismatch = (self.key_bytes[where] != query).astype(np.int64)
-            bad = np.zeros(len(sel), np.int64)
-            nonempty = lens > 0
-            if np.any(nonempty):
-                bad[nonempty] = np.add.reduceat(mismatch, first[nonempty]) if len(mismatch) else 0
-            same[sel] = bad == 0
+        # byte-for-byte check of every candidate against its stored key: slices of a
+        # memoryview compare in C and allocate nothing per byte
+        kb = self._kb_mv
+        same = np.fromiter(
+            (
+                kb[a:b] == encoded[i]
+                for i, a, b in zip(cand.tolist(), starts_u.tolist(), stops_u.tolist(), strict=True)
+            ),
+            dtype=bool,
+            count=len(cand),
+        )
         out[cand[same]] = rows[same]
         for i in cand[~same].tolist():  # hash collision (or a different key): scan
             out[i] = self.find(encoded[i], int(hashes[i]))

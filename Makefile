@@ -16,11 +16,11 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check tensorstore_cache tests benchmarks examples
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -13,9 +13,7 @@ import dataclasses
 import math
 import os
 import shutil
-import socket
 import time
-import uuid
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._debris import collect_temp_siblings, temp_sibling
 from ._errors import BuildError, CorruptStoreError, StoreExistsError
 from ._format import (
     ATTR_KEY,
@@ -65,36 +64,12 @@ def _rows_per_shard(n: int, item_nbytes: int, workers: int) -> int:
 
 
 def _tmp_sibling(out: Path) -> Path:
-    host = socket.gethostname().replace("-", "_")
-    return out.parent / f".{out.name}{_TMP_MARK}{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return temp_sibling(out, _TMP_MARK)
 
 
 def collect_debris(out: Path, max_age_s: float = 24 * 3600.0) -> None:
     """Remove temporary build directories of ``out`` left by dead builders."""
-    prefix = f".{out.name}{_TMP_MARK}"
-    host = socket.gethostname().replace("-", "_")
-    try:
-        entries = list(out.parent.iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        owner = entry.name[len(prefix):].split("-")
-        dead = False
-        if len(owner) == 3 and owner[0] == host and owner[1].isdigit():
-            try:
-                os.kill(int(owner[1]), 0)
-            except ProcessLookupError:
-                dead = True
-            except PermissionError:
-                pass
-        try:
-            old = time.time() - entry.stat().st_mtime > max_age_s
-        except OSError:
-            continue
-        if dead or old:
-            shutil.rmtree(entry, ignore_errors=True)
+    collect_temp_siblings(out.parent, f".{out.name}{_TMP_MARK}", max_age_s)
 
 
 def _resolve_loader(
@@ -162,6 +137,47 @@ def _file_entry(path: Path) -> list[Any]:
 
     size, digest = file_checksum(path)
     return [size, digest]
+
+
+def finish_store(
+    tmp: Path,
+    spec: StoreSpec,
+    files: dict[str, list[Any]],
+    keys: list[str],
+    sizes: npt.NDArray[np.int64],
+    mtimes: npt.NDArray[np.int64],
+) -> dict[str, Any]:
+    """Write the vectors' metadata and the index beside written shards.
+
+    Parameters
+    ----------
+    tmp
+        The unpublished store directory, its shards written and fsynced.
+    spec
+        The store's spec.
+    files
+        File entries of the shards (completed in place with the others).
+    keys, sizes, mtimes
+        Every key in row order, and its source's identity.
+
+    Returns
+    -------
+    dict
+        The group attributes to publish with :func:`_publish`.
+    """
+    write_json_durable(tmp / VECTORS / "zarr.json", vectors_metadata(spec))
+    files[f"{VECTORS}/zarr.json"] = _file_entry(tmp / VECTORS / "zarr.json")
+    if (tmp / VECTORS / "c").exists():
+        fsync_dir(tmp / VECTORS / "c")
+    fsync_dir(tmp / VECTORS)
+    index_files, key_bytes_len = _write_index(tmp, keys, sizes, mtimes)
+    files.update(index_files)
+    attrs = spec.to_json()
+    attrs["key_bytes_len"] = key_bytes_len
+    attrs["key_hash"] = "xxh3_64"
+    attrs["checksum"] = "xxh3_128"
+    attrs["files"] = dict(sorted(files.items()))
+    return attrs
 
 
 def _compact(root: Path, spec: StoreSpec, old_rows: list[int], keep: npt.NDArray[np.bool_]) -> tuple[StoreSpec, dict[str, list[Any]]]:
@@ -399,19 +415,7 @@ def _build_into(
         sizes, mtimes = sizes[keep], mtimes[keep]
     else:
         files = {t.rel: [results[t.rel].size, results[t.rel].checksum] for t in tasks}
-    write_json_durable(tmp / VECTORS / "zarr.json", vectors_metadata(spec))
-    files[f"{VECTORS}/zarr.json"] = _file_entry(tmp / VECTORS / "zarr.json")
-    if (tmp / VECTORS / "c").exists():
-        fsync_dir(tmp / VECTORS / "c")
-    fsync_dir(tmp / VECTORS)
-    index_files, key_bytes_len = _write_index(tmp, keys, sizes, mtimes)
-    files.update(index_files)
-    attrs = spec.to_json()
-    attrs["key_bytes_len"] = key_bytes_len
-    attrs["key_hash"] = "xxh3_64"
-    attrs["checksum"] = "xxh3_128"
-    attrs["files"] = dict(sorted(files.items()))
-    return attrs
+    return finish_store(tmp, spec, files, keys, sizes, mtimes)
 
 
 def _failure_message(failures: list[tuple[str, str]], n: int, target: Path) -> str:

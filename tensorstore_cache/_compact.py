@@ -17,16 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ._build import (
-    _file_entry,
-    _publish,
-    _rows_per_shard,
-    _tmp_sibling,
-    _write_index,
-    default_workers,
-)
-from ._format import VECTORS, shard_count, shard_key, vectors_metadata
-from ._jsonio import fsync_dir, write_json_durable
+from ._build import _publish, _rows_per_shard, _tmp_sibling, default_workers, finish_store
+from ._format import VECTORS, shard_count, shard_key
+from ._jsonio import fsync_dir
 from ._shard import write_shard
 from ._spec import StoreSpec
 from ._stale import _recorded, recorded_hashes, write_hashes
@@ -105,16 +98,7 @@ def write_merged(view: CacheStore, target: Path) -> int:
             while d != tmp / VECTORS:
                 fsync_dir(d)
                 d = d.parent
-        write_json_durable(tmp / VECTORS / "zarr.json", vectors_metadata(spec))
-        files[f"{VECTORS}/zarr.json"] = _file_entry(tmp / VECTORS / "zarr.json")
-        fsync_dir(tmp / VECTORS)
-        index_files, key_bytes_len = _write_index(tmp, keys, sizes, mtimes)
-        files.update(index_files)
-        attrs = spec.to_json()
-        attrs["key_bytes_len"] = key_bytes_len
-        attrs["key_hash"] = "xxh3_64"
-        attrs["checksum"] = "xxh3_128"
-        attrs["files"] = dict(sorted(files.items()))
+        attrs = finish_store(tmp, spec, files, keys, sizes, mtimes)
         _publish(tmp, target, attrs, False)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

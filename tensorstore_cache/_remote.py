@@ -32,16 +32,15 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import time
 import urllib.parse
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
+from ._debris import collect_temp_siblings, temp_sibling
 from ._errors import CorruptStoreError, StoreExistsError, StoreNotFoundError
 from ._format import ATTR_KEY, INDEX_ARRAYS, MAX_GROUP_JSON, VECTORS, parse_group
 from ._jsonio import fsync_dir, read_json, write_bytes_durable
@@ -214,26 +213,7 @@ def _collect_fetch_debris(base: Path, version: str) -> None:
     A directory of a process of this host that no longer exists goes at
     once; one of another host (a shared cache directory) once a day old.
     """
-    prefix = f".{version}{_FETCH_MARK}"
-    host = socket.gethostname().replace("-", "_")
-    for entry in base.iterdir():
-        if not entry.name.startswith(prefix):
-            continue
-        owner = entry.name[len(prefix) :].split("-")
-        dead = False
-        if len(owner) == 3 and owner[0] == host and owner[1].isdigit():
-            try:
-                os.kill(int(owner[1]), 0)
-            except ProcessLookupError:
-                dead = True
-            except PermissionError:
-                pass
-        try:
-            old = time.time() - entry.stat().st_mtime > 24 * 3600
-        except OSError:
-            continue
-        if dead or old:
-            shutil.rmtree(entry, ignore_errors=True)
+    collect_temp_siblings(base, f".{version}{_FETCH_MARK}", 24 * 3600.0)
 
 
 def fetch_store(
@@ -325,8 +305,7 @@ def fetch_store(
 
 
 def _fetch_tmp(local: Path) -> Path:
-    host = socket.gethostname().replace("-", "_")
-    return local.parent / f".{local.name}{_FETCH_MARK}{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return temp_sibling(local, _FETCH_MARK)
 
 
 def open_remote(

@@ -193,14 +193,14 @@ def table(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=None, help="covers to build (default 5000)")
+    parser.add_argument("--images", type=int, default=None, help="covers to build (default 20000)")
     parser.add_argument("--open-sizes", default=None, help="store sizes (default 5000,50000)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    images = args.images or (200 if args.quick else 5000)
+    images = args.images or (200 if args.quick else 20_000)
     sizes = ([int(s) for s in args.open_sizes.split(",")] if args.open_sizes
              else ([500, 2000] if args.quick else [5000, 50_000]))
     budget = 0.2 if args.quick else 1.0

@@ -59,8 +59,9 @@ def default_workers() -> int:
 
 def _rows_per_shard(n: int, item_nbytes: int, workers: int) -> int:
     cap = max(1, SHARD_BYTES // max(item_nbytes, 1))
-    # ~4 shards per worker so that work balances and progress moves, but no tiny shards
-    return max(1, min(cap, max(math.ceil(n / (4 * workers)), min(n, 64))))
+    # ~8 shards per worker so that work balances at the end and progress moves, but no
+    # tiny shards
+    return max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64))))
 
 
 def _tmp_sibling(out: Path) -> Path:

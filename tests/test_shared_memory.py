@@ -220,11 +220,14 @@ def test_a_fresh_process_reads_one_vector_without_reading_the_store(
           f"{len(range(0, 2000, 31))} vectors ({out['batch_bytes'] / MB:.1f} MiB) {kib['batch']}")
     assert out["sum"] == float(_noise("k1234").sum(dtype=np.float64))
     assert out["open"][1] < 64 * 1024  # opening maps the files, it does not read them
-    # one 48 KiB vector and the index pages its lookup needs (the kernel also maps up to
-    # 64 KiB around each fault from the page cache); a few Python objects
-    assert out["one"][1] < 512 * 1024
+    # one 48 KiB vector and the index pages its lookup needs. Around a fault the kernel
+    # maps pages already in the page cache too: up to 64 KiB, or a whole large folio (up
+    # to 2 MiB) on kernels that cache files in large folios. That costs no memory (the
+    # pages are cached anyway) but shows as resident; the store itself is 94 MiB.
+    assert out["one"][1] < 2 * MB + 512 * 1024
     assert out["one"][0] < 1 * MB
     # a batch costs its own copy plus the pages it touched, never the whole store
     anon, store_pages = out["batch"]
     assert anon < out["batch_bytes"] + 2 * MB
-    assert store_pages < 4 * out["batch_bytes"] < 0.25 * nbytes
+    # (65 of 2,000 vectors; large page-cache folios can make each fault map up to 2 MiB)
+    assert store_pages < 0.25 * nbytes

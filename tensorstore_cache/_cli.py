@@ -495,8 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except UsageError as exc:
         return _fail(str(exc), 2)
-    except BuildError as exc:
-        return _fail(str(exc), 1)
+    except BuildError as exc:  # the library's advice, in this command's words
+        return _fail(str(exc).replace("pass on_error='skip'", "pass --on-error skip"), 1)
     except StoreExistsError as exc:
         if args.command == "build":
             return _fail(f"{args.out!r} already exists; use --overwrite to replace it", 1)

@@ -129,7 +129,7 @@ def test_load_errors_fail_or_are_skipped(tmp_path: Path, capsys: pytest.CaptureF
     bad = root / "d0" / "broken.jpg"
     bad.write_bytes(b"\xff\xd8 definitely not a jpeg")
     code, _, err = run(capsys, "build", str(root), "--out", str(tmp_path / "s.tsc"), "-q")
-    assert code == 1 and str(bad) in err and "on_error='skip'" in err
+    assert code == 1 and str(bad) in err and "--on-error skip" in err
     assert not (tmp_path / "s.tsc").exists()
     code, out, err = run(capsys, "build", str(root), "--out", str(tmp_path / "s.tsc"), "-q",
                          "--on-error", "skip")

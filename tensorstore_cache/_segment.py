@@ -104,6 +104,7 @@ class Segment:
         self._lock = threading.Lock()
         self._vrows: VirtualRows | None = None
         self._all_mapped = False
+        self._vmapped = [False] * len(self._shards)  # shard k sits in the contiguous view
         item_nbytes = self.spec.item_nbytes
         if self.n and virtual_rows_supported(self.rows_per_shard, item_nbytes):
             try:
@@ -142,15 +143,18 @@ class Segment:
         return bytes(self._kb_mv[start:stop])
 
     def find(self, encoded: bytes, h: int) -> int:
-        """Return the row of one key, or -1."""
+        """Return the row of one key, or -1 (the single-lookup hot path)."""
         mv = self._hash_mv
         pos = bisect.bisect_left(mv, h)
-        n, kb = self.n, self._kb_mv
+        n, kb, off = self.n, self._kb_mv, self._off_mv
         while pos < n and mv[pos] == h:
             row = self._row_mv[pos]
             if not 0 <= row < n:
                 raise self._bad_index("key_row", f"entry {pos} names row {row} of {n}")
-            start, stop = self._key_span(row)
+            start = off[row]
+            stop = off[row + 1]
+            if not start <= stop <= len(kb):
+                self._key_span(row)  # raises, naming the damage
             if kb[start:stop] == encoded:
                 return row
             pos += 1
@@ -263,6 +267,7 @@ class Segment:
             if os.fstat(fd).st_size != self.files[rel][0]:  # replaced since it was checked
                 raise CorruptStoreError(f"{path} changed while being opened", str(path))
             vrows.map_shard(k, fd, rows)
+            self._vmapped[k] = True
         except OSError:
             self._vrows = None
             return shard
@@ -273,10 +278,14 @@ class Segment:
 
     def row(self, row: int) -> npt.NDArray[np.generic]:
         """Return a copy-on-write view of one row."""
+        vrows = self._vrows
+        if vrows is not None and self._vmapped[row // self.rows_per_shard]:
+            view: npt.NDArray[np.generic] = vrows.rows[row]
+            return view
         k, i = divmod(row, self.rows_per_shard)
         rows = self.shard(k).rows
         if rows is not None:
-            view: npt.NDArray[np.generic] = rows[i]
+            view = rows[i]
             return view
         return self.shard(k).row(i)
 

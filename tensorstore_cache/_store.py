@@ -155,8 +155,16 @@ class CacheStore:
 
     def __getitem__(self, path: str | os.PathLike[str]) -> npt.NDArray[Any]:
         """Return the vector of ``path`` as a copy-on-write view."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         key = normalize_key(path)
+        single = self._single
+        if single is not None:  # the hot path, inlined
+            enc = key.encode("utf-8", "surrogateescape")
+            row = single.find(enc, xxhash.xxh3_64_intdigest(enc))
+            if row >= 0:
+                return single.row(row)
+            raise KeyNotInStoreError([key])
         vector = self._lookup(key)
         if vector is None:
             raise KeyNotInStoreError([key])

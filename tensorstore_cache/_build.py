@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._debris import collect_temp_siblings, temp_sibling
+from ._debris import collect_temp_siblings, discard, temp_sibling
 from ._errors import BuildError, CorruptStoreError, StoreExistsError
 from ._format import (
     ATTR_KEY,
@@ -347,24 +347,9 @@ def build_store(
         attrs = _build_into(tmp, spec, keys, fn, nworkers, on_error, progress, executor, target)
         _publish(tmp, target, attrs, overwrite)
     except BaseException:
-        _discard(tmp)
+        discard(tmp)
         raise
     return open_store(target)
-
-
-def _discard(tmp: Path) -> None:
-    """Remove an abandoned build directory.
-
-    It is renamed first: a task still running somewhere (an executor cannot
-    always stop a started task) addresses files by the old name, so it can no
-    longer create anything the removal would miss.
-    """
-    doomed = tmp.with_name(tmp.name + ".discard")
-    try:
-        tmp.rename(doomed)
-    except OSError:
-        doomed = tmp
-    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _build_into(

@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["collect_temp_siblings", "temp_sibling"]
+__all__ = ["collect_temp_siblings", "discard", "temp_sibling"]
 
 
 def _host() -> str:
@@ -64,3 +64,18 @@ def collect_temp_siblings(directory: Path, prefix: str, max_age_s: float) -> Non
             continue
         if dead or old:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def discard(tmp: Path) -> None:
+    """Remove an abandoned temporary directory.
+
+    It is renamed first: a task still running somewhere (an executor cannot
+    always stop a started task) addresses files by the old name, so it can no
+    longer create anything the removal would miss.
+    """
+    doomed = tmp.with_name(tmp.name + ".discard")
+    try:
+        tmp.rename(doomed)
+    except OSError:
+        doomed = tmp
+    shutil.rmtree(doomed, ignore_errors=True)

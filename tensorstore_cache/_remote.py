@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -40,7 +39,7 @@ from typing import Any
 
 import xxhash
 
-from ._debris import collect_temp_siblings, temp_sibling
+from ._debris import collect_temp_siblings, discard, temp_sibling
 from ._errors import CorruptStoreError, StoreExistsError, StoreNotFoundError
 from ._format import ATTR_KEY, INDEX_ARRAYS, MAX_GROUP_JSON, VECTORS, parse_group
 from ._jsonio import fsync_dir, read_json, write_bytes_durable
@@ -198,15 +197,6 @@ def _get(fs: Any, root: str, tmp: Path, rels: list[str]) -> None:
                 continue
 
 
-def _discard(tmp: Path) -> None:
-    doomed = tmp.with_name(tmp.name + ".discard")
-    try:
-        tmp.rename(doomed)
-    except OSError:
-        doomed = tmp
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
 def _collect_fetch_debris(base: Path, version: str) -> None:
     """Remove download directories of ``version`` left by processes that died.
 
@@ -283,15 +273,15 @@ def fetch_store(
                 except OSError:
                     if not local.is_dir():
                         raise
-                    _discard(tmp)  # published meanwhile by a process that did not lock
+                    discard(tmp)  # published meanwhile by a process that did not lock
                     return local
                 fsync_dir(base)
                 return local
             except _ChangedError as changed:
-                _discard(tmp)
+                discard(tmp)
                 last = changed.bad
             except BaseException:
-                _discard(tmp)
+                discard(tmp)
                 raise
         if attempt + 1 < attempts:
             time.sleep(0.5 * 2**attempt)  # the store may be being replaced: look again
@@ -404,7 +394,7 @@ def build_remote(
         except OSError:
             pass  # this version is already here (identical bytes, by its checksums)
     finally:
-        _discard(staging)
+        discard(staging)
     return open_remote(url, cache_dir=cache_dir, storage_options=storage_options)
 
 

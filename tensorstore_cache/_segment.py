@@ -15,14 +15,14 @@ import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from ._errors import CorruptStoreError, StoreNotFoundError
 from ._format import INDEX_ARRAYS, index_array_length, parse_group, shard_count, shard_key
-from ._jsonio import open_regular
-from ._shard import MappedShard, map_file, map_shard
+from ._shard import MappedShard, map_file, map_shard_fd, open_shard
 from ._vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["Segment"]
@@ -88,17 +88,15 @@ class Segment:
         self.source_size = arrays["source_size"]
         self.source_mtime_ns = arrays["source_mtime_ns"]
         # memoryviews give C-speed bisect and slicing with plain Python ints for
-        # single lookups (the files are little-endian, as is every supported host)
-        native = sys.byteorder == "little"
-        self._hash_mv: Sequence[int] = (
-            self.key_hash.view(np.uint8).data.cast("Q") if self.n and native else self.key_hash.tolist() if self.n else []
-        )
-        self._row_mv: Sequence[int] = (
-            self.key_row.view(np.uint8).data.cast("q") if self.n and native else self.key_row.tolist()
-        )
-        self._off_mv: Sequence[int] = (
-            self.key_offsets.view(np.uint8).data.cast("Q") if native else self.key_offsets.tolist()
-        )
+        # single lookups; the files are little-endian, so other hosts get lists
+        def ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[int]:
+            if sys.byteorder == "little":
+                return array.view(np.uint8).data.cast(code)
+            return list(array.tolist())
+
+        self._hash_mv = ints(self.key_hash, "Q")
+        self._row_mv = ints(self.key_row, "q")
+        self._off_mv = ints(self.key_offsets, "Q")
         self._kb_mv = self.key_bytes.data
         self._shards: list[MappedShard | None] = [None] * shard_count(self.spec)
         self._lock = threading.Lock()
@@ -238,13 +236,12 @@ class Segment:
         if self._dir_fd < 0:
             raise ValueError(f"store {str(self.root)!r} is closed")
         try:
-            shard = map_shard(
+            fd, offsets = open_shard(
                 path,
                 self.root,
                 rows=rows,
                 rows_per_shard=self.rows_per_shard,
-                item_shape=self.item_shape,
-                dtype=self.dtype,
+                item_nbytes=self.spec.item_nbytes,
                 expected_size=self.files[rel][0],
                 root_fd=self._dir_fd,
             )
@@ -256,25 +253,25 @@ class Segment:
                     str(path),
                 ) from exc
             raise
-        vrows = self._vrows
-        if vrows is None:
-            return shard
-        if shard.rows is None:  # rows not in layout order: give up the contiguous view
-            self._vrows = None
-            return shard
-        fd = open_regular(path, self.root, self._dir_fd)
         try:
-            if os.fstat(fd).st_size != self.files[rel][0]:  # replaced since it was checked
-                raise CorruptStoreError(f"{path} changed while being opened", str(path))
-            vrows.map_shard(k, fd, rows)
-            self._vmapped[k] = True
-        except OSError:
-            self._vrows = None
-            return shard
+            vrows = self._vrows
+            if vrows is not None and offsets is None:
+                try:
+                    vrows.map_shard(k, fd, rows)
+                except OSError:
+                    self._vrows = None
+                else:
+                    self._vmapped[k] = True
+                    start = k * self.rows_per_shard
+                    view = vrows.rows[start : start + rows]
+                    return MappedShard(None, view, None, self.dtype, self.item_shape)
+            if offsets is not None:  # rows not in layout order: no contiguous view
+                self._vrows = None
+            return map_shard_fd(
+                fd, rows=rows, offsets=offsets, item_shape=self.item_shape, dtype=self.dtype
+            )
         finally:
             os.close(fd)
-        start = k * self.rows_per_shard
-        return MappedShard(None, vrows.rows[start : start + rows], None, self.dtype, self.item_shape)
 
     def row(self, row: int) -> npt.NDArray[np.generic]:
         """Return a copy-on-write view of one row."""
@@ -303,29 +300,16 @@ class Segment:
             if self._vrows is not None:  # still contiguous after mapping
                 np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
                 return
-        if len(self._shards) == 1 or not np.any(shard_ids != shard_ids[0]):
-            groups: list[tuple[int, npt.NDArray[np.intp] | None]] = [(int(shard_ids[0]), None)]
-        else:
-            order = np.argsort(shard_ids, kind="stable")
-            sorted_ids = shard_ids[order]
-            cuts = np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1
-            groups = [
-                (int(sorted_ids[a]), order[a:b])
-                for a, b in zip(
-                    [0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True
-                )
-            ]
-        for k, sel in groups:
+        # no contiguous view (rows out of layout order, or not Linux): shard by shard
+        for k in np.unique(shard_ids).tolist():
             shard = self.shard(k)
-            local = rows - k * s if sel is None else rows[sel] - k * s
-            if shard.rows is None:
-                dest = range(len(rows)) if sel is None else sel.tolist()
-                for j, i in zip(dest, local.tolist(), strict=True):
-                    out[j] = shard.row(i)
-            elif sel is None:
-                np.take(shard.rows, local, axis=0, out=out, mode="clip")
-            else:
+            sel = np.flatnonzero(shard_ids == k)
+            local = rows[sel] - k * s
+            if shard.rows is not None:
                 out[sel] = shard.rows[local]
+            else:
+                for j, i in zip(sel.tolist(), local.tolist(), strict=True):
+                    out[j] = shard.row(i)
 
     def close(self) -> None:
         """Drop every mapping (views already handed out stay valid)."""

@@ -30,7 +30,8 @@ __all__ = [
     "MappedShard",
     "PARTIAL_SUFFIX",
     "file_checksum",
-    "map_shard",
+    "map_shard_fd",
+    "open_shard",
     "remove_partials",
     "shard_file_size",
     "write_shard",
@@ -203,18 +204,25 @@ def map_file(
         os.close(fd)
 
 
-def map_shard(
+def open_shard(
     path: Path,
     root: Path,
     *,
     rows: int,
     rows_per_shard: int,
-    item_shape: tuple[int, ...],
-    dtype: np.dtype[np.generic],
+    item_nbytes: int,
     expected_size: int,
     root_fd: int | None = None,
-) -> MappedShard:
-    """Map a shard copy-on-write and check its index.
+) -> tuple[int, npt.NDArray[np.int64] | None]:
+    """Open a shard and check its size and index, reading only the index.
+
+    Returns
+    -------
+    fd : int
+        The open file (the caller closes it).
+    offsets : numpy.ndarray or None
+        ``None`` when the rows lie in layout order (the shard is dense), else
+        the byte offset of every row.
 
     Raises
     ------
@@ -222,32 +230,61 @@ def map_shard(
         If the file has the wrong size, its index checksum fails, a row is
         missing, or a row lies outside the data region.
     """
-    buf = map_file(path, root, expected_size, copy_on_write=True, root_fd=root_fd)
-    index_len = 16 * rows_per_shard + 4
-    if buf is None or len(buf) < index_len:
-        raise CorruptStoreError(f"{path} is too small to hold a shard index", str(path))
-    start = len(buf) - index_len
-    raw = buf[start : start + 16 * rows_per_shard]
-    crc = int.from_bytes(buf[len(buf) - 4 :], "little")
-    if google_crc32c.value(raw) != crc:
-        raise CorruptStoreError(f"{path}: shard index checksum mismatch; the file is damaged", str(path))
-    index = np.frombuffer(raw, dtype="<u8").reshape(rows_per_shard, 2)
-    item_nbytes = int(np.prod(item_shape)) * dtype.itemsize
-    off, nbytes = index[:rows, 0], index[:rows, 1]
-    if np.any(off == _EMPTY):
-        missing = int(np.flatnonzero(off == _EMPTY)[0])
-        raise CorruptStoreError(
-            f"{path}: row {missing} of this shard is missing (never written); the store "
-            "is incomplete - rebuild it",
-            str(path),
-        )
-    # off <= start - item_nbytes, written so that a hostile offset near 2**64 cannot wrap around
-    if rows and (
-        start < item_nbytes or np.any(nbytes != item_nbytes) or np.any(off > start - item_nbytes)
-    ):
-        raise CorruptStoreError(f"{path}: shard index points outside the data", str(path))
+    fd = open_regular(path, root, root_fd)
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected_size:
+            raise CorruptStoreError(
+                f"{path} is {size} bytes but the store recorded {expected_size}; the file "
+                "was truncated or overwritten - rebuild the store",
+                str(path),
+            )
+        index_len = 16 * rows_per_shard + 4
+        if size < index_len:
+            raise CorruptStoreError(f"{path} is too small to hold a shard index", str(path))
+        start = size - index_len
+        tail = os.pread(fd, index_len, start)
+        raw, crc = tail[:-4], int.from_bytes(tail[-4:], "little")
+        if len(tail) != index_len or google_crc32c.value(raw) != crc:
+            raise CorruptStoreError(
+                f"{path}: shard index checksum mismatch; the file is damaged", str(path)
+            )
+        index = np.frombuffer(raw, dtype="<u8").reshape(rows_per_shard, 2)
+        off, nbytes = index[:rows, 0], index[:rows, 1]
+        if np.any(off == _EMPTY):
+            missing = int(np.flatnonzero(off == _EMPTY)[0])
+            raise CorruptStoreError(
+                f"{path}: row {missing} of this shard is missing (never written); the store "
+                "is incomplete - rebuild it",
+                str(path),
+            )
+        # off <= start - item_nbytes, written so that a hostile offset near 2**64 cannot wrap
+        if rows and (
+            start < item_nbytes
+            or np.any(nbytes != item_nbytes)
+            or np.any(off > start - item_nbytes)
+        ):
+            raise CorruptStoreError(f"{path}: shard index points outside the data", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
     if np.array_equal(off, np.arange(rows, dtype="<u8") * np.uint64(item_nbytes)):
-        count = rows * item_nbytes // dtype.itemsize
-        view = np.frombuffer(buf, dtype, count).reshape((rows, *item_shape))
-        return MappedShard(buf, view, None, dtype, item_shape)
-    return MappedShard(buf, None, off.astype(np.int64), dtype, item_shape)
+        return fd, None
+    return fd, off.astype(np.int64)
+
+
+def map_shard_fd(
+    fd: int,
+    *,
+    rows: int,
+    offsets: npt.NDArray[np.int64] | None,
+    item_shape: tuple[int, ...],
+    dtype: np.dtype[np.generic],
+) -> MappedShard:
+    """Map a shard checked by :func:`open_shard` copy-on-write."""
+    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    if offsets is not None:
+        return MappedShard(buf, None, offsets, dtype, item_shape)
+    count = rows * int(np.prod(item_shape))
+    view = np.frombuffer(buf, dtype, count).reshape((rows, *item_shape))
+    return MappedShard(buf, view, None, dtype, item_shape)

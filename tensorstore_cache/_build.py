@@ -181,7 +181,7 @@ def finish_store(
     return attrs
 
 
-def _compact(root: Path, spec: StoreSpec, old_rows: list[int], keep: npt.NDArray[np.bool_]) -> tuple[StoreSpec, dict[str, list[Any]]]:
+def _drop_failed_rows(root: Path, spec: StoreSpec, old_rows: list[int], keep: npt.NDArray[np.bool_]) -> tuple[StoreSpec, dict[str, list[Any]]]:
     """Rewrite the shards without the rows that failed (``on_error="skip"``)."""
     old_dir = root / VECTORS
     new_dir = root / (VECTORS + ".compact")
@@ -394,7 +394,7 @@ def _build_into(
         keep = np.ones(n, dtype=bool)
         keep[[i for i, _ in failures]] = False
         old_rows = [len(t.keys) for t in tasks]
-        spec, files = _compact(tmp, spec, old_rows, keep)
+        spec, files = _drop_failed_rows(tmp, spec, old_rows, keep)
         skipped = tuple((keys[i], reason) for i, reason in failures)
         spec = dataclasses.replace(spec, skipped=skipped)
         keys = [k for k, ok in zip(keys, keep.tolist(), strict=True) if ok]

@@ -34,6 +34,7 @@ from ._namespace import (
     namespace_name,
     open_parts,
 )
+from ._reentry import building
 from ._stale import CHECKS, hash_many, stale_mask, write_hashes
 from ._store import CacheStore
 
@@ -285,41 +286,44 @@ def _get_or_build(ns: Namespace, keys: list[str], b: _Build) -> CacheStore:
         raise StaleSourceError(stale)
     todo = missing + stale
 
-    lock = ns.lock()
-    lock.acquire(timeout=b.lock_timeout, on_wait=_reporter(ns, b.progress))  # False: no locks here
-    try:
-        # Re-check under the lock: the previous holder may have built what we need.
-        base = ns.current()
-        view = _open(ns, base, pin=False)
+    # A worker of this namespace's own build (or its loader) fails here instead of waiting
+    # for the lock its builder holds.
+    with building(ns.root):
+        lock = ns.lock()
+        lock.acquire(timeout=b.lock_timeout, on_wait=_reporter(ns, b.progress))  # False: no locks
         try:
-            missing, stale = _plan(view, todo, check, on_stale)
-            if stale and on_stale == "raise":
-                raise StaleSourceError(stale)
-            todo = missing + stale
-            if view is not None:
-                held = view.spec.item_shape
-                if item_shape is not None and tuple(item_shape) != held:
-                    raise ValueError(
-                        f"the loader declares items of shape {tuple(item_shape)}, but the cache "
-                        f"{str(ns.root)!r} holds items of shape {held} made by {b.ident!r}; "
-                        "if the loader's output changed, give it a new loader_id"
-                    )
-                item_shape = held
+            # Re-check under the lock: the previous holder may have built what we need.
+            base = ns.current()
+            view = _open(ns, base, pin=False)
+            try:
+                missing, stale = _plan(view, todo, check, on_stale)
+                if stale and on_stale == "raise":
+                    raise StaleSourceError(stale)
+                todo = missing + stale
+                if view is not None:
+                    held = view.spec.item_shape
+                    if item_shape is not None and tuple(item_shape) != held:
+                        raise ValueError(
+                            f"the loader declares items of shape {tuple(item_shape)}, but the cache "
+                            f"{str(ns.root)!r} holds items of shape {held} made by {b.ident!r}; "
+                            "if the loader's output changed, give it a new loader_id"
+                        )
+                    item_shape = held
+            finally:
+                if view is not None:
+                    view.close()
+            if todo:
+                _sweep_debris(ns)
+                if stale:
+                    logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
+                part = _build_part(ns, todo, b.fn, b.ident, b.params, item_shape, b.dtype, b.workers,
+                                   b.on_error, b.progress, check, b.executor)
+                if part is not None:
+                    manifest = _publish_part(ns, part, todo)
+                    if manifest is not None:
+                        _maybe_compact(ns, manifest)
         finally:
-            if view is not None:
-                view.close()
-        if todo:
-            _sweep_debris(ns)
-            if stale:
-                logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
-            part = _build_part(ns, todo, b.fn, b.ident, b.params, item_shape, b.dtype, b.workers,
-                               b.on_error, b.progress, check, b.executor)
-            if part is not None:
-                manifest = _publish_part(ns, part, todo)
-                if manifest is not None:
-                    _maybe_compact(ns, manifest)
-    finally:
-        lock.release()
+            lock.release()
     final = _open(ns, ns.current(), pin=True)
     return final if final is not None else _empty(ns, item_shape)
 

@@ -257,12 +257,19 @@ def build_store(
         Element type stored: ``"float32"`` (values of ``ToTensor``) or
         ``"uint8"`` (0..255, four times smaller; see :func:`to_float32`).
     loader
-        Any picklable callable ``path -> array`` of one fixed shape, used
-        instead of the image loader.
+        Any callable ``path -> array`` of one fixed shape, used instead of the
+        image loader. Each worker process receives it once, pickled with
+        cloudpickle: by reference if it can be imported by name, by value
+        otherwise (a function of ``__main__`` or of a notebook cell, a lambda,
+        a closure, a :func:`functools.partial`). Without an ``item_shape``
+        attribute, its first item is computed first, here, to learn the shape.
     loader_id
         A string naming the loader and its version, recorded in the spec.
     workers
-        Worker processes (default: every core). ``1`` builds in this process.
+        Processes that build (default: every core): this one and a pool of
+        ``workers - 1`` started from a clean interpreter, which never runs
+        ``__main__`` again. ``1`` builds in this process, as does a daemonic
+        process (a DataLoader or multiprocessing pool worker), with a notice.
     on_error
         ``"raise"`` (default): if any source fails, raise :class:`BuildError`
         listing every failure and publish nothing. ``"skip"``: build the rest
@@ -296,6 +303,11 @@ def build_store(
         If sources failed and ``on_error="raise"``.
     StoreExistsError
         If ``out`` exists and ``overwrite`` is false.
+    ReentrantBuildError
+        If called, for ``out``, by the loader of the build of ``out`` or by one
+        of that build's worker processes.
+    TypeError
+        If ``workers > 1`` and the loader cannot be pickled.
 
     Examples
     --------

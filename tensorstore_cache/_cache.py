@@ -51,8 +51,8 @@ _BUILD_MARK = ".tsc-build-"
 class PartLoader:
     """A namespace's loader with the item shape and parameters the namespace records.
 
-    Declaring ``item_shape`` spares the builder a probing call of the loader,
-    so every item is computed exactly once.
+    Declaring ``item_shape`` (the namespace's, once known) spares the
+    builder from learning it from a first item.
     """
 
     fn: Loader
@@ -173,16 +173,17 @@ def cached(
         Output ``(height, width)`` and element type of the built-in image
         loader (``dtype`` is also the stored type of a custom loader's output).
     loader
-        A picklable callable ``path -> array`` of one fixed shape, instead of
-        the image loader. Declaring an ``item_shape`` attribute spares one
-        probing call; a ``params`` dict attribute becomes part of the
-        fingerprint.
+        A callable ``path -> array`` of one fixed shape, instead of the image
+        loader: a function, lambda, closure, ``functools.partial`` or
+        callable object, defined anywhere (a script's ``__main__``, a notebook
+        cell); see :func:`build_store`. A ``params`` dict attribute becomes
+        part of the fingerprint.
     loader_id
         Required with a custom ``loader`` (unless it has a ``loader_id``
         attribute): a name for what it computes, changed whenever its output
         changes, e.g. ``"myproject.thumbnails/2"``.
     workers
-        Worker processes for a build (default: every core).
+        Processes for a build (default: every core); see :func:`build_store`.
     executor
         A :class:`concurrent.futures.Executor` that runs the build's shard
         tasks instead of a local process pool (e.g. a Dask client's
@@ -221,6 +222,10 @@ def cached(
         If entries are stale and ``on_stale="raise"``.
     ValueError
         If a custom loader has no ``loader_id``, or an option is invalid.
+    ReentrantBuildError
+        If called, for this cache, by the loader of its build or by one of
+        that build's worker processes (instead of waiting for ever for the
+        build's own lock).
 
     Examples
     --------

@@ -154,3 +154,24 @@ def cached_in_worker(worker_id: int) -> None:
     dataset: Any = info.dataset
     dataset.store = tsc.cached(dataset.paths, cache_dir=dataset.location,
                                loader=LoggedImages(dataset.log), workers=2, progress=False)
+
+
+class CountsItsTrips:
+    """A loader that logs every time it is pickled (``pickled``) or unpickled (``arrived``)."""
+
+    loader_id = "tests.counts_its_trips/1"
+    item_shape = (4,)
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def __getstate__(self) -> dict[str, str]:
+        log_call(self.log, "pickled")
+        return {"log": self.log}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        self.log = state["log"]
+        log_call(self.log, "arrived")
+
+    def __call__(self, key: str) -> np.ndarray:
+        return np.full(4, int(key[1:]), np.float32)

@@ -224,6 +224,21 @@ def test_every_loader_kind_works_with_two_workers(
     _assert_built_by_two_processes(log, client_images, int(builder.group(1)))
 
 
+def test_the_loader_travels_once_per_worker(tmp_path: Path) -> None:
+    """Pickled once by the builder, unpickled once by each worker, whatever the task count."""
+    from ._clients import CountsItsTrips
+
+    log = tmp_path / "trips.log"
+    keys = [f"k{i}" for i in range(640)]  # 10 shards of 64 rows
+    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=CountsItsTrips(str(log)),
+                            workers=3, progress=False)
+    np.testing.assert_array_equal(store.take(np.arange(640))[:, 0], np.arange(640))
+    trips = calls(log)
+    assert [pid for pid, what in trips if what == "pickled"] == [os.getpid()]
+    arrived = [pid for pid, what in trips if what == "arrived"]
+    assert len(arrived) == len(set(arrived)) == 2 and os.getpid() not in arrived, trips
+
+
 # -- a notebook ------------------------------------------------------------------------
 
 def test_notebook_cell_defines_the_loader(

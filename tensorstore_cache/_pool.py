@@ -46,6 +46,8 @@ from ._tasks import Loader, ShardResult, ShardTask, run_shard
 
 __all__ = ["BuildPool", "WorkerStartError", "ship_loader"]
 
+#: Directory of a build (beside ``vectors/``) where the workers say which shard they build.
+STATUS_DIR = ".tsc-workers"
 #: How often a worker checks that its builder is alive (seconds).
 PARENT_POLL_S = 0.1
 #: How long :meth:`BuildPool.abort` waits for a killed worker to be reaped (seconds).
@@ -207,15 +209,16 @@ class BuildPool:
         Number of worker processes.
     loader
         The build's loader, sent to every worker once.
-    status_dir
-        A new directory (inside the build's temporary directory) for the
-        workers' status files; removed by :meth:`close` and :meth:`abort`.
+    build_dir
+        The build's temporary directory, where :data:`STATUS_DIR` holds the
+        workers' status files until :meth:`close` or :meth:`abort`.
     """
 
-    def __init__(self, size: int, loader: Loader, status_dir: Path) -> None:
+    def __init__(self, size: int, loader: Loader, build_dir: Path) -> None:
         from loky import ProcessPoolExecutor
 
         payload = ship_loader(loader)
+        status_dir = build_dir / STATUS_DIR
         status_dir.mkdir()
         self._status_dir = status_dir
         self._context = _started_processes_context()

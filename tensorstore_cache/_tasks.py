@@ -31,22 +31,12 @@ from ._format import VECTORS
 from ._jsonio import fsync_dir, io_step
 from ._shard import write_shard
 
-__all__ = [
-    "STATUS_DIR",
-    "Loader",
-    "ShardResult",
-    "ShardTask",
-    "load_item",
-    "run_shard",
-    "run_tasks",
-]
+__all__ = ["Loader", "ShardResult", "ShardTask", "load_item", "run_shard", "run_tasks"]
 
 logger = logging.getLogger("tensorstore_cache")
 
 Loader = Callable[[str], Any]
 
-#: Directory of a build (beside ``vectors/``) where its pool's workers say what they build.
-STATUS_DIR = ".tsc-workers"
 #: How many of the loader's own frames a failure reports.
 TRACE_FRAMES = 3
 
@@ -204,8 +194,7 @@ def run_tasks(
         size = min(nworkers - 1, len(tasks) - 1)
         loader = tasks[0].loader
         assert loader is not None
-        status = Path(tasks[0].root) / STATUS_DIR
-        pool = BuildPool(size, loader, status)
+        pool = BuildPool(size, loader, Path(tasks[0].root))
         try:
             results = _collect(pool.submit, tasks, bar, pool_size=size, local=True,
                                broken=pool.explain)

@@ -4,8 +4,9 @@ The builder is a script started in its own session; its loader takes 0.2 s
 a call and logs each call, so the test waits until the building process
 and the worker of its pool are both computing, then signals:
 
-* SIGINT to the process (``kill``, as a notebook's interrupt does) and to
-  its process group (``killpg``, as a terminal's Ctrl-C does): the script's
+* SIGINT to the process alone (``kill``) and to its process group
+  (``killpg``, as a terminal's Ctrl-C does, and a Jupyter interrupt:
+  jupyter_client signals the kernel's process group): the script's
   ``except KeyboardInterrupt`` runs within 2 s, no worker survives, the
   build lock is free, nothing is published, no temporary directory is left,
   nothing is printed by the workers, and a second ``cached()`` in the same

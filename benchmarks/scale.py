@@ -41,8 +41,7 @@ from typing import Any
 import numpy as np
 
 import tensorstore_cache as tsc
-from tensorstore_cache._build import SHARD_BYTES, _rows_per_shard, _write_index
-from tensorstore_cache._format import (
+from tensorstore_cache.format.metadata import (
     ATTR_KEY,
     INDEX_ARRAYS,
     VECTORS,
@@ -52,9 +51,10 @@ from tensorstore_cache._format import (
     parse_group,
     vectors_metadata,
 )
-from tensorstore_cache._jsonio import write_json_durable
-from tensorstore_cache._shard import write_shard
-from tensorstore_cache._spec import StoreSpec
+from tensorstore_cache.format.shard import write_shard
+from tensorstore_cache.format.spec import StoreSpec
+from tensorstore_cache.fs.durable import write_json_durable
+from tensorstore_cache.writer.build import SHARD_BYTES, _rows_per_shard, _write_index
 
 from .make_images import generate
 

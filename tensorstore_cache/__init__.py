@@ -12,9 +12,9 @@ Examples
 >>> batch = store.take(store.rows(paths))                        # doctest: +SKIP
 """
 
-from ._build import build_store
-from ._cache import cached
-from ._errors import (
+from .cache.cached import cached
+from .cache.gc import CacheInfo, Removed, gc, list_caches
+from .errors import (
     BuildError,
     CorruptStoreError,
     KeyNotInStoreError,
@@ -25,11 +25,11 @@ from ._errors import (
     StoreNotFoundError,
     TensorStoreCacheError,
 )
-from ._gc import CacheInfo, Removed, gc, list_caches
-from ._loader import ImageLoader, to_float32
-from ._spec import FORMAT_VERSION, StoreSpec
-from ._store import CacheStore, open_store
-from ._verify import VerifyReport, verify_store
+from .format.spec import FORMAT_VERSION, StoreSpec
+from .format.verify import VerifyReport, verify_store
+from .loaders import ImageLoader, to_float32
+from .reader.store import CacheStore, open_store
+from .writer.build import build_store
 
 __version__ = "0.1.0"
 

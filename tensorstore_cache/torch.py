@@ -54,8 +54,8 @@ from torch.utils.data import (
 )
 from torch.utils.data._utils.collate import default_collate as _default_collate
 
-from ._loader import to_float32
-from ._store import CacheStore, open_store
+from .loaders import to_float32
+from .reader.store import CacheStore, open_store
 
 __all__ = ["StoreDataset", "collate"]
 

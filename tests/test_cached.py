@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._compact import MAX_PARTS, merge_start
-from tensorstore_cache._lock import BuildLock
-from tensorstore_cache._namespace import Namespace
+from tensorstore_cache.cache.compact import MAX_PARTS, merge_start
+from tensorstore_cache.cache.namespace import Namespace
+from tensorstore_cache.fs.locks import BuildLock
 
 from ._cache_loaders import LogLoader, expected, log_lines, vector_of, write_sources
 from .conftest import write_images
@@ -179,7 +179,7 @@ def test_multi_part_rows_paths_and_lookups_agree(tmp_path: Path, cache: Path) ->
 def test_namespace_collected_while_opening_is_rebuilt(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tensorstore_cache._cache as cache_mod
+    import tensorstore_cache.cache.cached as cache_mod
 
     keys = write_sources(tmp_path / "src", 5)
     log = tmp_path / "log"
@@ -267,7 +267,7 @@ def test_hash_check_ignores_touch_and_catches_hidden_edits(tmp_path: Path, cache
 
 
 def test_stat_many_threaded_path_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorstore_cache import _stale
+    from tensorstore_cache.reader import sources as _stale
 
     keys = write_sources(tmp_path / "src", 30)
     many = [keys[i % 30] if i % 7 else str(tmp_path / f"gone{i}") for i in range(5000)]

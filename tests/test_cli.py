@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 import tensorstore_cache as tsc
-from tensorstore_cache._cli import main, parse_size
-from tensorstore_cache._keys import normalize_key
+from tensorstore_cache.cli.main import main, parse_size
+from tensorstore_cache.format.keys import normalize_key
 
 from .conftest import write_images
 
@@ -222,7 +222,7 @@ def test_preview_draws_every_vector_in_its_colour(solid: Path, tmp_path: Path, c
 
 
 def test_preview_uint8_and_non_image_stores(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tensorstore_cache._preview import to_pixels
+    from tensorstore_cache.cli.preview import to_pixels
 
     u8 = np.arange(2 * 3 * 2 * 2, dtype=np.uint8).reshape(2, 3, 2, 2)
     pixels, note = to_pixels(u8)

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import tensorstore_cache as tsc
-from tensorstore_cache._keys import normalize_key
+from tensorstore_cache.format.keys import normalize_key
 
 from .conftest import write_images
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._format import parse_group
-from tensorstore_cache._keys import normalize_key
-from tensorstore_cache._shard import PARTIAL_SUFFIX, file_checksum, remove_partials
-from tensorstore_cache._tasks import ShardTask, run_shard
+from tensorstore_cache.format.keys import normalize_key
+from tensorstore_cache.format.metadata import parse_group
+from tensorstore_cache.format.shard import PARTIAL_SUFFIX, file_checksum, remove_partials
+from tensorstore_cache.writer.tasks import ShardTask, run_shard
 
 from .conftest import write_images
 
@@ -242,7 +242,7 @@ def test_worker_killed_without_retries_publishes_nothing(
 
 def _kill_during_write(task: ShardTask) -> None:
     """Run a shard task in this (child) process and die just before its data is durable."""
-    import tensorstore_cache._shard as shard
+    import tensorstore_cache.format.shard as shard
 
     def die(fd: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._segment import Segment
-from tensorstore_cache._store import CacheStore
-from tensorstore_cache._verify import verify_segment, verify_store
+from tensorstore_cache.format.verify import verify_segment, verify_store
+from tensorstore_cache.reader.segment import Segment
+from tensorstore_cache.reader.store import CacheStore
 
 REPO = Path(__file__).resolve().parents[1]
 N = 150  # three shards of 64, 64 and 22 rows
@@ -431,7 +431,7 @@ def test_an_open_store_never_mixes_with_its_replacement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
 ) -> None:
     """build_store(overwrite=True) under a reader: old rows or a clear error, never new rows."""
-    from tensorstore_cache import _jsonio
+    from tensorstore_cache.fs import durable as _jsonio
 
     if not exchange:
         monkeypatch.setattr(_jsonio, "_renameat2", None)

@@ -32,8 +32,8 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._lock import BuildLock
-from tensorstore_cache._namespace import Namespace
+from tensorstore_cache.cache.namespace import Namespace
+from tensorstore_cache.fs.locks import BuildLock
 
 from ._clients import LoggedImages, calls, environment, expected, python
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._format import parse_group
-from tensorstore_cache._shard import file_checksum
+from tensorstore_cache.format.metadata import parse_group
+from tensorstore_cache.format.shard import file_checksum
 
 from .conftest import write_images
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._lock import BuildLock
-from tensorstore_cache._namespace import Namespace
+from tensorstore_cache.cache.namespace import Namespace
+from tensorstore_cache.fs.locks import BuildLock
 
 from ._cache_loaders import LogLoader, expected, log_lines, write_sources
 

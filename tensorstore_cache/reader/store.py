@@ -13,11 +13,11 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from ._errors import KeyNotInStoreError, StoreNotFoundError
-from ._keys import encode_key, hash_encoded, normalize_key, normalize_keys
-from ._overlay import Overlay
-from ._segment import Segment
-from ._spec import StoreSpec
+from ..errors import KeyNotInStoreError, StoreNotFoundError
+from ..format.keys import encode_key, hash_encoded, normalize_key, normalize_keys
+from ..format.spec import StoreSpec
+from .overlay import Overlay
+from .segment import Segment
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -324,7 +324,7 @@ class CacheStore:
         >>> store.stale()  # doctest: +SKIP
         ['data/images/0007.jpg']
         """
-        from ._stale import stale_keys
+        from .sources import stale_keys
 
         self._check_open()
         keys = self.paths if paths is None else list(dict.fromkeys(normalize_keys(paths)))
@@ -348,7 +348,7 @@ class CacheStore:
         --------
         >>> tsc.open_store("covers.tsc").verify()  # doctest: +SKIP
         """
-        from ._verify import verify_store
+        from ..format.verify import verify_store
 
         self._check_open()
         verify_store(self).raise_if_bad()
@@ -388,7 +388,7 @@ class CacheStore:
         --------
         >>> df["img_vector"] = store.series(df["img_path"])  # doctest: +SKIP
         """
-        from ._pandas import series
+        from .series import series
 
         return series(self, paths, name=name)
 
@@ -482,7 +482,7 @@ def open_store(
     (3, 32, 32)
     """
     if isinstance(path, str) and "://" in path:
-        from ._remote import is_url, open_remote
+        from ..remote.fetch import is_url, open_remote
 
         if is_url(path):
             return open_remote(path, cache_dir=cache_dir, storage_options=storage_options)
@@ -492,7 +492,7 @@ def open_store(
             f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
             "(or check the path)"
         )
-    from ._namespace import is_namespace, open_namespace
+    from ..cache.namespace import is_namespace, open_namespace
 
     if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
         return open_namespace(root)

@@ -27,11 +27,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ._build import collect_debris
-from ._errors import CorruptStoreError, StoreNotFoundError
-from ._lock import BuildLock, read_holder, try_exclusive
-from ._namespace import Namespace, default_cache_dir
-from ._stale import HASH_SUFFIX
+from ..errors import CorruptStoreError, StoreNotFoundError
+from ..fs.locks import BuildLock, read_holder, try_exclusive
+from ..reader.sources import HASH_SUFFIX
+from ..writer.build import collect_debris
+from .namespace import Namespace, default_cache_dir
 
 __all__ = ["CacheInfo", "Removed", "gc", "list_caches"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ._errors import StoreLockedError
+from ..errors import StoreLockedError
 
 __all__ = [
     "LOCKS_ENV",

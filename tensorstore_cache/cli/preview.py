@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, ImageDraw, ImageFont
 
-from ._store import CacheStore
+from ..reader.store import CacheStore
 
 __all__ = ["contact_sheet", "pick_rows", "to_pixels"]
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from ._store import CacheStore
+    from .store import CacheStore
 
 __all__ = ["series"]
 

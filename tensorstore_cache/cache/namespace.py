@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import CorruptStoreError, StoreNotFoundError
-from ._format import shard_count
-from ._jsonio import fsync_dir, read_json, write_json_durable
-from ._lock import BuildLock, ReaderHold
-from ._segment import Segment
-from ._spec import FORMAT_VERSION, StoreSpec
-from ._store import CacheStore
+from ..errors import CorruptStoreError, StoreNotFoundError
+from ..format.metadata import shard_count
+from ..format.spec import FORMAT_VERSION, StoreSpec
+from ..fs.durable import fsync_dir, read_json, write_json_durable
+from ..fs.locks import BuildLock, ReaderHold
+from ..reader.segment import Segment
+from ..reader.store import CacheStore
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -413,7 +413,7 @@ def _still_skipped(segments: list[Segment]) -> tuple[tuple[str, str], ...]:
     """Sources a part skipped that no part holds (a later build may have succeeded)."""
     import xxhash
 
-    from ._keys import encode_key
+    from ..format.keys import encode_key
 
     out: dict[str, str] = {}
     for seg in segments:

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptStoreError, StoreNotFoundError
-from ._jsonio import read_json
-from ._spec import FORMAT_VERSION, StoreSpec
+from ..errors import CorruptStoreError, StoreNotFoundError
+from ..fs.durable import read_json
+from .spec import FORMAT_VERSION, StoreSpec
 
 __all__ = [
     "ATTR_KEY",

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ._errors import CorruptStoreError, StoreNotFoundError
+from ..errors import CorruptStoreError, StoreNotFoundError
 
 __all__ = [
     "MAX_DEPTH",

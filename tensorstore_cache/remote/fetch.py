@@ -39,13 +39,13 @@ from typing import Any
 
 import xxhash
 
-from ._debris import collect_temp_siblings, discard, temp_sibling
-from ._errors import CorruptStoreError, StoreExistsError, StoreNotFoundError
-from ._format import ATTR_KEY, INDEX_ARRAYS, MAX_GROUP_JSON, VECTORS, parse_group
-from ._jsonio import fsync_dir, read_json, write_bytes_durable
-from ._lock import BuildLock
-from ._segment import Segment
-from ._store import CacheStore
+from ..errors import CorruptStoreError, StoreExistsError, StoreNotFoundError
+from ..format.metadata import ATTR_KEY, INDEX_ARRAYS, MAX_GROUP_JSON, VECTORS, parse_group
+from ..fs.durable import fsync_dir, read_json, write_bytes_durable
+from ..fs.locks import BuildLock
+from ..fs.temp import collect_temp_siblings, discard, temp_sibling
+from ..reader.segment import Segment
+from ..reader.store import CacheStore
 
 __all__ = [
     "build_remote",
@@ -81,7 +81,7 @@ def file_url_path(url: str) -> Path | None:
 def remote_cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return the directory under which remote stores are copied (``<cache_dir>/remote``)."""
     if cache_dir is None:
-        from ._namespace import default_cache_dir
+        from ..cache.namespace import default_cache_dir
 
         return default_cache_dir() / "remote"
     return Path(os.fspath(cache_dir)).expanduser() / "remote"
@@ -307,7 +307,7 @@ def open_remote(
     """Open the store at an fsspec URL through its node-local copy (see :func:`fetch_store`)."""
     path = file_url_path(url)
     if path is not None:
-        from ._store import open_store
+        from ..reader.store import open_store
 
         return open_store(path)
     local = fetch_store(url, cache_dir=cache_dir, storage_options=storage_options)
@@ -368,7 +368,7 @@ def build_remote(
     """
     path = file_url_path(url)
     if path is not None:
-        from ._build import build_store
+        from ..writer.build import build_store
 
         return build_store(paths, path, overwrite=overwrite, **build_options)
     fs, root = _fsspec(url, storage_options)
@@ -383,7 +383,7 @@ def build_remote(
     staging = _fetch_tmp(base / "upload")
     staging.mkdir()
     try:
-        from ._build import build_store
+        from ..writer.build import build_store
 
         build_store(paths, staging / "store", **build_options).close()
         raw = _upload(staging / "store", fs, root, overwrite)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ._segment import Segment
+from .segment import Segment
 
 __all__ = ["Overlay", "overridden_rows"]
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
-from ._errors import ReentrantBuildError
+from ..errors import ReentrantBuildError
 
 __all__ = ["BUILDING_ENV", "building", "check_not_building", "worker_environment"]
 

@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from ._errors import CorruptStoreError
-from ._jsonio import io_step, open_regular
+from ..errors import CorruptStoreError
+from ..fs.durable import io_step, open_regular
 
 __all__ = [
     "MappedShard",

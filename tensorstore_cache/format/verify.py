@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from ._errors import CorruptStoreError, StoreNotFoundError
-from ._format import parse_group
-from ._jsonio import open_regular
+from ..errors import CorruptStoreError, StoreNotFoundError
+from ..fs.durable import open_regular
+from .metadata import parse_group
 
 if TYPE_CHECKING:
-    from ._store import CacheStore
+    from ..reader.store import CacheStore
 
 __all__ = ["Problem", "VerifyReport", "verify_segment", "verify_store"]
 
@@ -285,7 +285,7 @@ def verify_store(target: CacheStore | str | os.PathLike[str]) -> VerifyReport:
     StoreNotFoundError
         If there is no store at ``target``.
     """
-    from ._store import CacheStore, open_store
+    from ..reader.store import CacheStore, open_store
 
     if isinstance(target, CacheStore):
         report = VerifyReport(target.location)

@@ -26,12 +26,12 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from ._errors import CorruptStoreError
-from ._jsonio import fsync_dir, write_bytes_durable
-from ._segment import Segment
+from ..errors import CorruptStoreError
+from ..fs.durable import fsync_dir, write_bytes_durable
+from .segment import Segment
 
 if TYPE_CHECKING:
-    from ._store import CacheStore
+    from .store import CacheStore
 
 __all__ = [
     "CHECKS",

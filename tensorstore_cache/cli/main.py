@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ._errors import (
+from ..errors import (
     BuildError,
     KeyNotInStoreError,
     StoreExistsError,
@@ -156,7 +156,7 @@ def read_sources(source: str, column: str) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ._build import build_store
+    from ..writer.build import build_store
 
     paths = read_sources(args.source, args.column)
     if not paths:
@@ -202,7 +202,7 @@ def _disk_bytes(root: Path) -> int:
 
 def store_info(location: str) -> dict[str, Any]:
     """What ``info`` shows, as JSON values."""
-    from ._store import open_store
+    from ..reader.store import open_store
 
     with open_store(location) as store:
         spec = store.spec
@@ -244,7 +244,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ._verify import verify_store
+    from ..format.verify import verify_store
 
     if not args.quiet:
         print(f"verifying {args.store} ...", file=sys.stderr)
@@ -306,7 +306,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def _default_cache_dir() -> str:
     try:
-        from ._namespace import default_cache_dir
+        from ..cache.namespace import default_cache_dir
 
         return str(default_cache_dir())
     except ImportError:  # pragma: no cover - older layout
@@ -336,8 +336,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from ._preview import contact_sheet, pick_rows
-    from ._store import open_store
+    from ..reader.store import open_store
+    from .preview import contact_sheet, pick_rows
 
     out = Path(args.out)
     if out.suffix.lower() != ".png":
@@ -381,7 +381,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tensorstore-cache`` (also used for the docs)."""
-    from . import __version__
+    from .. import __version__
 
     fmt = _Formatter
     parser = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt,

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._debris import collect_temp_siblings, discard, temp_sibling
-from ._errors import BuildError, CorruptStoreError, StoreExistsError
-from ._format import (
+from ..errors import BuildError, CorruptStoreError, StoreExistsError
+from ..format.keys import encode_key, hash_encoded, normalize_keys
+from ..format.metadata import (
     ATTR_KEY,
     INDEX_ARRAYS,
     VECTORS,
@@ -34,14 +34,14 @@ from ._format import (
     shard_key,
     vectors_metadata,
 )
-from ._jsonio import exchange_dirs, fsync_dir, io_step, write_bytes_durable, write_json_durable
-from ._keys import encode_key, hash_encoded, normalize_keys
-from ._loader import ImageLoader
-from ._reentry import building
-from ._shard import remove_partials, write_shard
-from ._spec import StoreSpec
-from ._store import CacheStore, open_store
-from ._tasks import Loader, ShardTask, load_item, run_tasks
+from ..format.shard import remove_partials, write_shard
+from ..format.spec import StoreSpec
+from ..fs.durable import exchange_dirs, fsync_dir, io_step, write_bytes_durable, write_json_durable
+from ..fs.temp import collect_temp_siblings, discard, temp_sibling
+from ..loaders import ImageLoader
+from ..reader.store import CacheStore, open_store
+from .reentry import building
+from .tasks import Loader, ShardTask, load_item, run_tasks
 
 __all__ = ["build_store", "collect_debris", "default_workers"]
 
@@ -142,7 +142,7 @@ def _write_index(
 
 
 def _file_entry(path: Path) -> list[Any]:
-    from ._shard import file_checksum
+    from ..format.shard import file_checksum
 
     size, digest = file_checksum(path)
     return [size, digest]
@@ -318,7 +318,7 @@ def build_store(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if isinstance(out, str) and "://" in out:
-        from ._remote import build_remote, is_url
+        from ..remote.fetch import build_remote, is_url
 
         if is_url(out):
             return build_remote(

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ._build import _publish, _rows_per_shard, _tmp_sibling, default_workers, finish_store
-from ._format import VECTORS, shard_count, shard_key
-from ._jsonio import fsync_dir
-from ._shard import write_shard
-from ._spec import StoreSpec
-from ._stale import _recorded, recorded_hashes, write_hashes
-from ._store import CacheStore
+from ..format.metadata import VECTORS, shard_count, shard_key
+from ..format.shard import write_shard
+from ..format.spec import StoreSpec
+from ..fs.durable import fsync_dir
+from ..reader.sources import _recorded, recorded_hashes, write_hashes
+from ..reader.store import CacheStore
+from ..writer.build import _publish, _rows_per_shard, _tmp_sibling, default_workers, finish_store
 
 __all__ = ["MAX_PARTS", "MAX_WASTE", "merge_start", "write_merged"]
 

@@ -20,13 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from ._build import build_store, collect_debris
-from ._compact import merge_start, write_merged
-from ._errors import BuildError, StaleSourceError, StoreNotFoundError
-from ._keys import normalize_keys
-from ._loader import ImageLoader
-from ._lock import Holder
-from ._namespace import (
+from ..errors import BuildError, StaleSourceError, StoreNotFoundError
+from ..format.keys import normalize_keys
+from ..fs.locks import Holder
+from ..loaders import ImageLoader
+from ..reader.sources import CHECKS, hash_many, stale_mask, write_hashes
+from ..reader.store import CacheStore
+from ..writer.build import build_store, collect_debris
+from ..writer.reentry import building
+from .compact import merge_start, write_merged
+from .namespace import (
     Manifest,
     Namespace,
     default_cache_dir,
@@ -34,9 +37,6 @@ from ._namespace import (
     namespace_name,
     open_parts,
 )
-from ._reentry import building
-from ._stale import CHECKS, hash_many, stale_mask, write_hashes
-from ._store import CacheStore
 
 __all__ = ["cached"]
 

@@ -26,10 +26,10 @@ import numpy as np
 import numpy.typing as npt
 from tqdm.auto import tqdm
 
-from ._errors import BuildError
-from ._format import VECTORS
-from ._jsonio import fsync_dir, io_step
-from ._shard import write_shard
+from ..errors import BuildError
+from ..format.metadata import VECTORS
+from ..format.shard import write_shard
+from ..fs.durable import fsync_dir, io_step
 
 __all__ = ["Loader", "ShardResult", "ShardTask", "load_item", "run_shard", "run_tasks"]
 
@@ -189,7 +189,7 @@ def run_tasks(
                 results[task.rel] = run_shard(task)
                 bar.update(len(task.keys))
             return results
-        from ._pool import BuildPool
+        from .pool import BuildPool
 
         size = min(nworkers - 1, len(tasks) - 1)
         loader = tasks[0].loader

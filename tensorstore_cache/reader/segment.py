@@ -20,10 +20,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import CorruptStoreError, StoreNotFoundError
-from ._format import INDEX_ARRAYS, index_array_length, parse_group, shard_count, shard_key
-from ._shard import MappedShard, map_file, map_shard_fd, open_shard
-from ._vmap import VirtualRows, virtual_rows_supported
+from ..errors import CorruptStoreError, StoreNotFoundError
+from ..format.metadata import INDEX_ARRAYS, index_array_length, parse_group, shard_count, shard_key
+from ..format.shard import MappedShard, map_file, map_shard_fd, open_shard
+from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["Segment"]
 

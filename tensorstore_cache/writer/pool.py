@@ -40,9 +40,9 @@ from concurrent.futures import BrokenExecutor, Future
 from pathlib import Path
 from typing import Any
 
-from ._errors import BuildError
-from ._reentry import worker_environment
-from ._tasks import Loader, ShardResult, ShardTask, run_shard
+from ..errors import BuildError
+from .reentry import worker_environment
+from .tasks import Loader, ShardResult, ShardTask, run_shard
 
 __all__ = ["BuildPool", "WorkerStartError", "ship_loader"]
 

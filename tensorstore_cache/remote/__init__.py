@@ -1,0 +1,1 @@
+"""Remote transport: copy a store between an fsspec URL and a local directory."""

@@ -12,8 +12,9 @@ Examples
 >>> batch = store.take(store.rows(paths))                        # doctest: +SKIP
 """
 
-from .cache.cached import cached
+from ._api import build_store, cached, open_store, verify_store
 from .cache.gc import CacheInfo, Removed, gc, list_caches
+from .config import __version__
 from .errors import (
     BuildError,
     CorruptStoreError,
@@ -26,12 +27,9 @@ from .errors import (
     TensorStoreCacheError,
 )
 from .format.spec import FORMAT_VERSION, StoreSpec
-from .format.verify import VerifyReport, verify_store
+from .format.verify import VerifyReport
 from .loaders import ImageLoader, to_float32
-from .reader.store import CacheStore, open_store
-from .writer.build import build_store
-
-__version__ = "0.1.0"
+from .reader.store import CacheStore
 
 __all__ = [
     "BuildError",

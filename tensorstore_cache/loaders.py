@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -68,7 +68,10 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-__all__ = ["LOADER_ID", "ImageLoader", "to_float32"]
+__all__ = ["LOADER_ID", "ImageLoader", "Loader", "LoaderInfo", "resolve_loader", "to_float32"]
+
+Loader = Callable[[str], Any]
+"""A picklable callable ``path -> array`` of one fixed shape."""
 
 LOADER_ID: Final = "tensorstore_cache.image/1"
 """Identifier of :class:`ImageLoader`'s preprocessing rules (stored in each store)."""
@@ -346,3 +349,88 @@ def _over_white(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     # round((c * a + 255 * (255 - a)) / 255); at most 65152, fits uint16
     blended = ((colour * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
     return blended[..., 0] if blended.shape[-1] == 1 else blended
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderInfo:
+    """A loader and what identifies its output (recorded in every store it builds)."""
+
+    fn: Loader
+    """The callable ``path -> array``."""
+    loader_id: str
+    """Name of what it computes, e.g. ``"tensorstore_cache.image/1"``."""
+    params: dict[str, Any]
+    """Its parameters (JSON values)."""
+    item_shape: tuple[int, ...] | None
+    """Shape of one output, when the loader declares it (else it is probed)."""
+
+
+def resolve_loader(
+    loader: Loader | None,
+    *,
+    loader_id: str | None = None,
+    size: tuple[int, int] = (32, 32),
+    dtype: str = "float32",
+    strict: bool = False,
+) -> LoaderInfo:
+    """Return the loader to build with and its identity.
+
+    Parameters
+    ----------
+    loader
+        A callable ``path -> array``, or None for :class:`ImageLoader` of ``size``
+        and ``dtype``. Its ``loader_id``, ``params`` and ``item_shape``
+        attributes are used when present.
+    loader_id
+        Overrides the loader's own ``loader_id``.
+    size, dtype
+        Of the image loader.
+    strict
+        Require an explicit identity for a custom loader (``loader_id`` or a
+        ``loader_id`` attribute), as a cache does, which keeps the vectors of
+        different transforms apart by it; and refuse ``loader_id`` without
+        ``loader``. Otherwise a custom loader without one is named by its
+        module and qualified name.
+
+    Raises
+    ------
+    TypeError
+        If ``loader`` is not callable or its ``params`` is not a dict.
+    ValueError
+        If ``strict`` and the identity is missing, or ``size``/``dtype`` are invalid.
+    """
+    if loader is None:
+        if strict and loader_id is not None:
+            raise ValueError(
+                "loader_id names a custom loader; without loader= the built-in image loader "
+                f"is used and identifies itself - drop loader_id={loader_id!r} or pass loader="
+            )
+        image = ImageLoader(size=size, dtype=dtype)
+        return LoaderInfo(
+            fn=image, loader_id=loader_id or image.loader_id, params=dict(image.params),
+            item_shape=image.item_shape,
+        )
+    if not callable(loader):
+        raise TypeError(f"loader must be a callable path -> array, got {loader!r}")
+    name = getattr(loader, "__qualname__", type(loader).__qualname__)
+    ident = loader_id if loader_id is not None else getattr(loader, "loader_id", None)
+    if strict and (not isinstance(ident, str) or not ident.strip()):
+        raise ValueError(
+            f"cached() needs a loader_id for the custom loader {name!r}: the cache keeps the "
+            "vectors of each transform apart by this name, and cannot derive one from code. "
+            "Pass loader_id='myproject.thumbnails/1' (change it whenever the loader's output "
+            "changes), and give the loader a `params` dict if it has parameters; or give the "
+            "loader a `loader_id` attribute"
+        )
+    if not isinstance(ident, str) or not ident:
+        ident = f"{getattr(loader, '__module__', '?')}.{name}"
+    params = getattr(loader, "params", None) or {}
+    if not isinstance(params, dict):
+        raise TypeError(f"the loader's params must be a dict of JSON values, got {params!r}")
+    shape = getattr(loader, "item_shape", None)
+    return LoaderInfo(
+        fn=loader,
+        loader_id=ident,
+        params=dict(params),
+        item_shape=None if shape is None else tuple(int(d) for d in shape),
+    )

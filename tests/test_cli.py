@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,7 +40,8 @@ def solid(tmp_path: Path) -> Path:
         sub.mkdir(parents=True, exist_ok=True)
         ext = [".jpg", ".PNG", ".bmp", ".webp", ".gif", ".tiff"][i]
         img = Image.new("RGB", (40 + i, 30 + 2 * i), colour)
-        options = {".jpg": {"quality": 100}, ".webp": {"lossless": True}}.get(ext, {})
+        by_ext: dict[str, dict[str, Any]] = {".jpg": {"quality": 100}, ".webp": {"lossless": True}}
+        options = by_ext.get(ext, {})
         img.save(sub / f"c{i}{ext}", **options)  # solid colours, stored exactly
     (root / "notes.txt").write_text("not an image")
     (root / "a" / "image.jpg.bak").write_text("not an image either")

@@ -1,4 +1,4 @@
-""":func:`cached`: get or build, shared by every process that asks for the same vectors.
+"""Get or build, shared by every process that asks for the same vectors.
 
 One call returns a store holding every requested path. What is already
 cached is opened; only missing or stale sources are computed, once, by one
@@ -8,89 +8,73 @@ result), into a new immutable part published next to the old ones.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import shutil
 import sys
-from collections.abc import Callable, Iterable
-from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from .. import config
+from ..config import Check, OnStale
 from ..errors import BuildError, StaleSourceError, StoreNotFoundError
-from ..format.keys import normalize_keys
+from ..format.hashes import write_hashes
 from ..fs.locks import Holder
-from ..loaders import ImageLoader
-from ..reader.sources import CHECKS, hash_many, stale_mask, write_hashes
-from ..reader.store import CacheStore
-from ..writer.build import build_store, collect_debris
+from ..fs.temp import remove_tree
+from ..reader.sources import hash_many, stale_mask
+from ..reader.store import CacheStore, open_directory
+from ..writer.build import BuildOptions, build, collect_debris
 from ..writer.reentry import building
 from .compact import merge_start, write_merged
-from .namespace import (
-    Manifest,
-    Namespace,
-    default_cache_dir,
-    fingerprint,
-    namespace_name,
-    open_parts,
-)
+from .fingerprint import fingerprint, namespace_name
+from .namespace import Manifest, Namespace, open_parts
 
-__all__ = ["cached"]
+__all__ = ["CacheOptions", "cached_store"]
 
 logger = logging.getLogger("tensorstore_cache")
 
-Loader = Callable[[str], Any]
-_ON_STALE = ("rebuild", "raise", "ignore")
-_BUILD_MARK = ".tsc-build-"
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheOptions:
+    """The options of one :func:`~tensorstore_cache.cached` call."""
+
+    build: BuildOptions
+    """How to compute what is missing."""
+    check: Check = "stat"
+    """How a cached entry is known to be current."""
+    on_stale: OnStale = "rebuild"
+    """What to do with stale entries."""
+    lock_timeout: float | None = None
+    """Seconds to wait at most for another process's build."""
 
 
-@dataclass(frozen=True, slots=True)
-class PartLoader:
-    """A namespace's loader with the item shape and parameters the namespace records.
+def cached_store(cache_dir: Path, keys: list[str], options: CacheOptions) -> CacheStore:
+    """Return a store of the namespace of ``options``'s loader holding every key of ``keys``.
 
-    Declaring ``item_shape`` (the namespace's, once known) spares the
-    builder from learning it from a first item.
+    Parameters
+    ----------
+    cache_dir
+        The cache directory.
+    keys
+        Distinct normalised keys.
+    options
+        What to compute and how.
     """
-
-    fn: Loader
-    item_shape: tuple[int, ...] | None
-    params: dict[str, Any]
-
-    def __call__(self, key: str) -> Any:
-        return self.fn(key)
-
-
-def _resolve(
-    loader: Loader | None, loader_id: str | None, size: tuple[int, int], dtype: str
-) -> tuple[Loader, str, dict[str, Any], tuple[int, ...] | None]:
-    if loader is None:
-        if loader_id is not None:
-            raise ValueError(
-                "loader_id names a custom loader; without loader= the built-in image loader "
-                f"is used and identifies itself - drop loader_id={loader_id!r} or pass loader="
-            )
-        image = ImageLoader(size=size, dtype=dtype)
-        return image, image.loader_id, dict(image.params), image.item_shape
-    if not callable(loader):
-        raise TypeError(f"loader must be a callable path -> array, got {loader!r}")
-    ident = loader_id if loader_id is not None else getattr(loader, "loader_id", None)
-    if not isinstance(ident, str) or not ident.strip():
-        name = getattr(loader, "__qualname__", type(loader).__qualname__)
-        raise ValueError(
-            f"cached() needs a loader_id for the custom loader {name!r}: the cache keeps the "
-            "vectors of each transform apart by this name, and cannot derive one from code. "
-            "Pass loader_id='myproject.thumbnails/1' (change it whenever the loader's output "
-            "changes), and give the loader a `params` dict if it has parameters; or give the "
-            "loader a `loader_id` attribute"
-        )
-    params = getattr(loader, "params", None) or {}
-    if not isinstance(params, dict):
-        raise TypeError(f"the loader's params must be a dict of JSON values, got {params!r}")
-    shape = getattr(loader, "item_shape", None)
-    return loader, ident, dict(params), None if shape is None else tuple(int(d) for d in shape)
+    info = options.build.loader
+    fp = fingerprint(info.loader_id, info.params, options.build.dtype)
+    ns = Namespace(cache_dir.expanduser() / namespace_name(fp), fp)
+    for attempt in range(3):
+        try:
+            return _get_or_build(ns, keys, options)
+        except StoreNotFoundError:
+            if attempt == 2:
+                raise
+            # gc removed the namespace (or a part) while we opened it: start afresh
+            logger.info("%s was collected while in use; retrying", ns.root.name)
+    raise AssertionError("unreachable")
 
 
 def _reporter(ns: Namespace, progress: bool) -> Callable[[Holder | None], None]:
@@ -108,7 +92,7 @@ def _reporter(ns: Namespace, progress: bool) -> Callable[[Holder | None], None]:
 
 
 def _plan(
-    view: CacheStore | None, keys: list[str], check: str, on_stale: str
+    view: CacheStore | None, keys: list[str], check: Check, on_stale: OnStale
 ) -> tuple[list[str], list[str]]:
     """Return ``(missing, stale)`` keys of ``keys`` against ``view``."""
     if view is None or not keys:
@@ -119,7 +103,7 @@ def _plan(
     if on_stale == "ignore" or len(present) == 0:
         return missing, []
     found = [keys[i] for i in present.tolist()]
-    mask = stale_mask(view, found, rows[present], check=check)
+    mask = stale_mask(found, view.source_identity(rows[present], content_hash=check == "hash"))
     return missing, [found[i] for i in np.flatnonzero(mask).tolist()]
 
 
@@ -132,153 +116,16 @@ def _open(ns: Namespace, manifest: Manifest | None, *, pin: bool) -> CacheStore 
 def _empty(ns: Namespace, item_shape: tuple[int, ...] | None) -> CacheStore:
     store = open_parts(str(ns.root), [], pin=False)
     if item_shape is not None:
-        store = CacheStore([], replace(store.spec, item_shape=item_shape), str(ns.root))
+        spec = dataclasses.replace(store.spec, item_shape=item_shape)
+        store = CacheStore([], spec, str(ns.root))
     return store
 
 
-def cached(
-    paths: Iterable[str | os.PathLike[str]],
-    *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    size: tuple[int, int] = (32, 32),
-    dtype: str = "float32",
-    loader: Loader | None = None,
-    loader_id: str | None = None,
-    workers: int | None = None,
-    on_error: str = "raise",
-    progress: bool = True,
-    check: str = "stat",
-    on_stale: str = "rebuild",
-    lock_timeout: float | None = None,
-    executor: Executor | None = None,
-) -> CacheStore:
-    """Return a store holding the vector of every path, computing only what is missing.
-
-    Vectors live in a *namespace* of ``cache_dir`` named by a fingerprint of
-    everything that determines them (loader id and parameters, dtype, format
-    version), so different transforms never see each other's vectors. Paths
-    already cached and unchanged are opened, not recomputed; missing and
-    stale ones are computed once, by one process, while concurrent callers
-    wait for it and then open its result.
-
-    Parameters
-    ----------
-    paths
-        Source paths (a list, a pandas Series, ...); order and duplicates do
-        not matter.
-    cache_dir
-        Root of the cache (default ``$TSC_CACHE_DIR``, else
-        ``~/.cache/tensorstore_cache``).
-    size, dtype
-        Output ``(height, width)`` and element type of the built-in image
-        loader (``dtype`` is also the stored type of a custom loader's output).
-    loader
-        A callable ``path -> array`` of one fixed shape, instead of the image
-        loader: a function, lambda, closure, ``functools.partial`` or
-        callable object, defined anywhere (a script's ``__main__``, a notebook
-        cell); see :func:`build_store`. A ``params`` dict attribute becomes
-        part of the fingerprint.
-    loader_id
-        Required with a custom ``loader`` (unless it has a ``loader_id``
-        attribute): a name for what it computes, changed whenever its output
-        changes, e.g. ``"myproject.thumbnails/2"``.
-    workers
-        Processes for a build (default: every core); see :func:`build_store`.
-    executor
-        A :class:`concurrent.futures.Executor` that runs the build's shard
-        tasks instead of a local process pool (e.g. a Dask client's
-        ``get_executor()``); ``cache_dir`` must then be on a filesystem every
-        worker shares. See :func:`build_store`.
-    on_error
-        ``"raise"``: a source that fails to load fails the call and nothing
-        is published. ``"skip"``: the rest is published; skipped sources are
-        listed in ``store.spec.skipped`` and retried by the next call.
-    progress
-        Show build progress, and say on stderr whom this call waits for.
-    check
-        How a cached entry is known to be current: ``"stat"`` (the source's
-        size and mtime are those recorded when it was computed) or ``"hash"``
-        (its content hash is; reads every source, and records hashes of what
-        it builds).
-    on_stale
-        What to do with stale entries: ``"rebuild"`` (recompute them into a
-        new part that overrides the old entries), ``"raise"``
-        (:class:`StaleSourceError` listing them) or ``"ignore"`` (use them;
-        also skips the check).
-    lock_timeout
-        Seconds to wait at most for another process's build
-        (:class:`StoreLockedError` afterwards); ``None`` waits as long as it runs.
-
-    Returns
-    -------
-    CacheStore
-        Holds every requested path (except skipped ones) and possibly more.
-
-    Raises
-    ------
-    BuildError
-        If sources failed to load and ``on_error="raise"``.
-    StaleSourceError
-        If entries are stale and ``on_stale="raise"``.
-    ValueError
-        If a custom loader has no ``loader_id``, or an option is invalid.
-    ReentrantBuildError
-        If called, for this cache, by the loader of its build or by one of
-        that build's worker processes (instead of waiting for ever for the
-        build's own lock).
-
-    Examples
-    --------
-    >>> store = cached(df["img_path"], size=(32, 32))   # doctest: +SKIP
-    >>> batch = store.take(store.rows(df["img_path"]))  # doctest: +SKIP
-    """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    if check not in CHECKS:
-        raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
-    if on_stale not in _ON_STALE:
-        raise ValueError(f"on_stale must be one of {_ON_STALE}, got {on_stale!r}")
-    np_dtype = np.dtype(dtype).name
-    fn, ident, params, item_shape = _resolve(loader, loader_id, size, np_dtype)
-    fp = fingerprint(ident, params, np_dtype)
-    root = Path(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
-    ns = Namespace(root.expanduser() / namespace_name(fp), fp)
-    keys = list(dict.fromkeys(normalize_keys(paths)))
-    build = _Build(fn, ident, params, item_shape, np_dtype, workers, on_error, progress, check,
-                   on_stale, lock_timeout, executor)
-    for attempt in range(3):
-        try:
-            return _get_or_build(ns, keys, build)
-        except StoreNotFoundError:
-            if attempt == 2:
-                raise
-            # gc removed the namespace (or a part) while we opened it: start afresh
-            logger.info("%s was collected while in use; retrying", ns.root.name)
-    raise AssertionError("unreachable")
-
-
-@dataclass(slots=True)
-class _Build:
-    """How to compute what is missing (the options of one cached() call)."""
-
-    fn: Loader
-    ident: str
-    params: dict[str, Any]
-    item_shape: tuple[int, ...] | None
-    dtype: str
-    workers: int | None
-    on_error: str
-    progress: bool
-    check: str
-    on_stale: str
-    lock_timeout: float | None
-    executor: Executor | None
-
-
-def _get_or_build(ns: Namespace, keys: list[str], b: _Build) -> CacheStore:
+def _get_or_build(ns: Namespace, keys: list[str], options: CacheOptions) -> CacheStore:
     ns.ensure()
     ns.touch()
-    check, on_stale, item_shape = b.check, b.on_stale, b.item_shape
+    check, on_stale = options.check, options.on_stale
+    item_shape = options.build.loader.item_shape
 
     # Most calls end here, without any lock: everything is cached and current.
     view = _open(ns, ns.current(), pin=True)
@@ -295,7 +142,9 @@ def _get_or_build(ns: Namespace, keys: list[str], b: _Build) -> CacheStore:
     # for the lock its builder holds.
     with building(ns.root):
         lock = ns.lock()
-        lock.acquire(timeout=b.lock_timeout, on_wait=_reporter(ns, b.progress))  # False: no locks
+        lock.acquire(  # False: no locks here
+            timeout=options.lock_timeout, on_wait=_reporter(ns, options.build.progress)
+        )
         try:
             # Re-check under the lock: the previous holder may have built what we need.
             base = ns.current()
@@ -310,7 +159,8 @@ def _get_or_build(ns: Namespace, keys: list[str], b: _Build) -> CacheStore:
                     if item_shape is not None and tuple(item_shape) != held:
                         raise ValueError(
                             f"the loader declares items of shape {tuple(item_shape)}, but the cache "
-                            f"{str(ns.root)!r} holds items of shape {held} made by {b.ident!r}; "
+                            f"{str(ns.root)!r} holds items of shape {held} made by "
+                            f"{options.build.loader.loader_id!r}; "
                             "if the loader's output changed, give it a new loader_id"
                         )
                     item_shape = held
@@ -321,8 +171,7 @@ def _get_or_build(ns: Namespace, keys: list[str], b: _Build) -> CacheStore:
                 _sweep_debris(ns)
                 if stale:
                     logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
-                part = _build_part(ns, todo, b.fn, b.ident, b.params, item_shape, b.dtype, b.workers,
-                                   b.on_error, b.progress, check, b.executor)
+                part = _build_part(ns, todo, options, item_shape)
                 if part is not None:
                     manifest = _publish_part(ns, part, todo)
                     if manifest is not None:
@@ -340,51 +189,39 @@ def _sweep_debris(ns: Namespace) -> None:
     except OSError:
         return
     for name in names:
-        if name.startswith(".") and _BUILD_MARK in name:
-            collect_debris(ns.parts_dir / name[1 : name.index(_BUILD_MARK)])
+        if name.startswith(".") and config.BUILD_MARK in name:
+            collect_debris(ns.parts_dir / name[1 : name.index(config.BUILD_MARK)])
 
 
 def _build_part(
-    ns: Namespace,
-    todo: list[str],
-    fn: Loader,
-    ident: str,
-    params: dict[str, Any],
-    item_shape: tuple[int, ...] | None,
-    dtype: str,
-    workers: int | None,
-    on_error: str,
-    progress: bool,
-    check: str,
-    executor: Executor | None = None,
+    ns: Namespace, todo: list[str], options: CacheOptions, item_shape: tuple[int, ...] | None
 ) -> str | None:
-    """Build ``todo`` into a new part; return its id, or None if nothing was built."""
+    """Build ``todo`` into a new part; return its id, or None if nothing was built.
+
+    ``item_shape`` (the namespace's, else the loader's) spares the builder a
+    probing call of the loader, so every item is computed exactly once.
+    """
     part = ns.new_part_id()
     target = ns.part_dir(part)
-    hashes = hash_many(todo) if check == "hash" else None  # before loading: errs on the safe side
-    if isinstance(fn, ImageLoader):
-        use: Loader = fn
-    else:
-        use = PartLoader(fn, item_shape, params)
+    hashes = hash_many(todo) if options.check == "hash" else None  # before loading: errs on the safe side
+    loader = dataclasses.replace(options.build.loader, item_shape=item_shape)
     try:
-        store = build_store(
-            todo, target, dtype=dtype, loader=use, loader_id=ident, workers=workers,
-            on_error=on_error, progress=progress, executor=executor,
-        )
+        build(todo, target, dataclasses.replace(options.build, loader=loader, overwrite=False))
     except BuildError as exc:
         if item_shape is not None and any("must have shape" in r for _p, r in exc.failures):
             exc.add_note(
                 f"the cache {ns.root.name} holds items of shape {item_shape} made by "
-                f"{ident!r}; if the loader's output changed, give it a new loader_id"
+                f"{loader.loader_id!r}; if the loader's output changed, give it a new loader_id"
             )
         raise
+    store = open_directory(target)
     try:
         n = len(store)
         built = store.paths if hashes is not None else []
     finally:
         store.close()
     if n == 0:  # everything was skipped; never referenced, so nobody maps it
-        shutil.rmtree(target, ignore_errors=True)
+        remove_tree(target)
         return None
     if hashes is not None:
         by_key = dict(zip(todo, hashes.tolist(), strict=True))
@@ -402,7 +239,7 @@ def _publish_part(ns: Namespace, part: str, keys: list[str]) -> Manifest | None:
             if attempt and view is not None and bool(np.all(rows >= 0)):
                 # Another writer published first (no working lock here) and its result
                 # holds every key we built: adopt it; our part was never referenced.
-                shutil.rmtree(ns.part_dir(part), ignore_errors=True)
+                remove_tree(ns.part_dir(part))
                 return None
             entries = (len(view) if view is not None else 0) + int(np.sum(rows < 0))
             shape = view.spec.item_shape if view is not None else None
@@ -428,8 +265,8 @@ def _maybe_compact(ns: Namespace, manifest: Manifest) -> None:
     if view is None:
         return
     try:
-        segments = view._segments
-        dead = view._overlay.dead_rows if view._overlay is not None else 0
+        segments = view.segments
+        dead = sum(seg.n for seg in segments) - len(view)
         start = merge_start([seg.n for seg in segments], dead)
         if start is None:
             return
@@ -446,4 +283,4 @@ def _maybe_compact(ns: Namespace, manifest: Manifest) -> None:
         item_shape=manifest.item_shape,
     )
     if published is None:  # someone published meanwhile (no working lock): drop ours
-        shutil.rmtree(ns.part_dir(part), ignore_errors=True)
+        remove_tree(ns.part_dir(part))

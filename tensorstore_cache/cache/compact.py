@@ -10,20 +10,19 @@ never disturbed.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ..format.metadata import VECTORS, shard_count, shard_key
-from ..format.shard import write_shard
+from ..format.hashes import write_hashes
+from ..format.metadata import VECTORS
 from ..format.spec import StoreSpec
-from ..fs.durable import fsync_dir
-from ..reader.sources import _recorded, recorded_hashes, write_hashes
+from ..fs.temp import remove_tree
 from ..reader.store import CacheStore
-from ..writer.build import _publish, _rows_per_shard, _tmp_sibling, default_workers, finish_store
+from ..writer.assemble import finish_store, publish, rewrite_rows
+from ..writer.build import default_workers, rows_per_shard, temp_dir
 
 __all__ = ["MAX_PARTS", "MAX_WASTE", "merge_start", "write_merged"]
 
@@ -66,43 +65,27 @@ def write_merged(view: CacheStore, target: Path) -> int:
     keys = view.paths
     n = len(keys)
     base = view.spec
-    rows = np.arange(n, dtype=np.int64)
-    sizes, mtimes, groups = _recorded(view, rows)
-    hashes = np.zeros(n, np.uint64)
-    for k, sel, local in groups:
-        recorded = recorded_hashes(view._segments[k])
-        if recorded is not None:
-            hashes[sel] = recorded[local]
+    recorded = view.source_identity(np.arange(n, dtype=np.int64), content_hash=True)
     spec = StoreSpec(
         n=n,
         item_shape=base.item_shape,
         dtype=base.dtype,
         loader_id=base.loader_id,
         loader_params=base.loader_params,
-        rows_per_shard=_rows_per_shard(n, base.item_nbytes, default_workers()),
+        rows_per_shard=rows_per_shard(n, base.item_nbytes, default_workers()),
         created_unix=time.time(),
     )
-    s = spec.rows_per_shard
-    tmp = _tmp_sibling(target)
+    tmp = temp_dir(target)
     tmp.mkdir()
     try:
         (tmp / VECTORS).mkdir()
-        files: dict[str, list[object]] = {}
-        for k in range(shard_count(spec)):
-            block = view.take(rows[k * s : (k + 1) * s])
-            rel = shard_key(spec, k)
-            path = tmp / rel
-            size, digest = write_shard(path, block, s)
-            files[rel] = [size, digest]
-            d = path.parent
-            while d != tmp / VECTORS:
-                fsync_dir(d)
-                d = d.parent
-        attrs = finish_store(tmp, spec, files, keys, sizes, mtimes)
-        _publish(tmp, target, attrs, False)
+        files = rewrite_rows(tmp, spec, view.take)
+        meta = finish_store(tmp, spec, files, keys, recorded.size, recorded.mtime_ns)
+        publish(tmp, target, meta, overwrite=False)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
-    if np.any(hashes != 0):
+    hashes = recorded.content_hash
+    if hashes is not None and np.any(hashes != 0):
         write_hashes(target, hashes)
     return n

@@ -27,16 +27,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
+from ..format.hashes import HASH_SUFFIX
 from ..fs.locks import BuildLock, read_holder, try_exclusive
-from ..reader.sources import HASH_SUFFIX
+from ..fs.temp import age_text, disk_usage, remove_tree
 from ..writer.build import collect_debris
-from .namespace import Namespace, default_cache_dir
+from .namespace import Namespace
 
 __all__ = ["CacheInfo", "Removed", "gc", "list_caches"]
 
-_BUILD_MARK = ".tsc-build-"
-_TRASH = ".tsc-gc-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,22 +81,6 @@ class Removed:
     """Bytes it took on disk."""
     reason: str
     """Why it went, e.g. ``"unused for 9 days"``."""
-
-
-def _du(path: Path) -> int:
-    """Bytes taken by ``path`` (apparent sizes, symlinks not followed)."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return 0
-    if not path.is_dir() or path.is_symlink():
-        return st.st_size
-    total = 0
-    for dirpath, _dirs, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
 
 
 def _mtime(path: Path) -> float:
@@ -150,7 +134,7 @@ def list_caches(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheIn
         Most recently used first. Damaged namespaces are listed with
         ``loader_id="?"``.
     """
-    root = Path(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
+    root = Path(os.fspath(cache_dir)) if cache_dir is not None else config.default_cache_dir()
     out = []
     for ns in _namespaces(root.expanduser()):
         try:
@@ -168,7 +152,7 @@ def list_caches(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheIn
                 item_shape=manifest.item_shape if manifest else None,
                 entries=manifest.entries if manifest else 0,
                 parts=len(manifest.parts) if manifest else 0,
-                bytes=_du(ns.root),
+                bytes=disk_usage(ns.root),
                 last_used=datetime.fromtimestamp(_last_used(ns), UTC),
                 generation=manifest.generation if manifest else 0,
                 building=_building(ns),
@@ -187,21 +171,9 @@ def _seconds(value: float | timedelta | None, name: str) -> float | None:
     return seconds
 
 
-def _age(seconds: float) -> str:
-    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def _remove_tree(path: Path) -> None:
-    """Delete a directory: first renamed aside (one atomic step), then removed."""
-    trash = path.with_name(f".{path.name}{_TRASH}{uuid.uuid4().hex[:8]}")
-    try:
-        path.rename(trash)
-    except OSError:
-        trash = path
-    shutil.rmtree(trash, ignore_errors=True)
+def _remove(path: Path) -> None:
+    """Delete a namespace or a part, renamed aside first to a name the next ``gc`` finishes removing."""
+    remove_tree(path, aside=path.with_name(f".{path.name}{config.GC_MARK}{uuid.uuid4().hex[:8]}"))
 
 
 def _tidy(ns: Namespace, grace: float, now: float, dry_run: bool) -> list[Removed]:
@@ -220,22 +192,22 @@ def _tidy(ns: Namespace, grace: float, now: float, dry_run: bool) -> list[Remove
     for entry in entries:
         name = entry.name
         if name.startswith("."):
-            if _BUILD_MARK in name:  # a builder's temporary directory
-                before = _du(entry)
+            if config.BUILD_MARK in name:  # a builder's temporary directory
+                before = disk_usage(entry)
                 if dry_run:
                     if now - _mtime(entry) > grace:
                         out.append(Removed(str(entry), "debris", before, "left by a builder"))
                     continue
-                collect_debris(entry.parent / name[1 : name.index(_BUILD_MARK)], max_age_s=grace)
+                collect_debris(entry.parent / name[1 : name.index(config.BUILD_MARK)], max_age_s=grace)
                 if not entry.exists():
                     out.append(Removed(str(entry), "debris", before, "left by a dead builder"))
-            elif _TRASH in name and not dry_run:
+            elif config.GC_MARK in name and not dry_run:
                 shutil.rmtree(entry, ignore_errors=True)
             continue
         if name.endswith(HASH_SUFFIX):
             part = name[: -len(HASH_SUFFIX)]
             if part not in live and not (ns.parts_dir / part).exists() and now - _mtime(entry) > grace:
-                out.append(Removed(str(entry), "part", _du(entry), "hash file of a removed part"))
+                out.append(Removed(str(entry), "part", disk_usage(entry), "hash file of a removed part"))
                 if not dry_run:
                     entry.unlink(missing_ok=True)
             continue
@@ -249,10 +221,10 @@ def _tidy(ns: Namespace, grace: float, now: float, dry_run: bool) -> list[Remove
             continue  # a process maps it
         try:
             side = ns.parts_dir / (name + HASH_SUFFIX)
-            size = _du(entry) + _du(side)
-            out.append(Removed(str(entry), "part", size, f"not current for {_age(idle)}, unused"))
+            size = disk_usage(entry) + disk_usage(side)
+            out.append(Removed(str(entry), "part", size, f"not current for {age_text(idle)}, unused"))
             if not dry_run:
-                _remove_tree(entry)
+                _remove(entry)
                 side.unlink(missing_ok=True)
         finally:
             if fd is not None:
@@ -261,7 +233,7 @@ def _tidy(ns: Namespace, grace: float, now: float, dry_run: bool) -> list[Remove
         for gen in ns.generations():
             path = ns.manifest_path(gen)
             if gen < manifest.generation and now - _mtime(path) > grace:
-                out.append(Removed(str(path), "manifest", _du(path), "superseded"))
+                out.append(Removed(str(path), "manifest", disk_usage(path), "superseded"))
                 if not dry_run:
                     path.unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -317,12 +289,12 @@ def gc(
     grace_s = _seconds(grace, "grace") or 0.0
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must not be negative, got {max_bytes!r}")
-    root = (Path(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()).expanduser()
+    root = (Path(os.fspath(cache_dir)) if cache_dir is not None else config.default_cache_dir()).expanduser()
     now = time.time()
     out: list[Removed] = []
     with contextlib.suppress(FileNotFoundError):
         for entry in root.iterdir():  # namespaces a previous gc renamed aside and did not finish
-            if entry.name.startswith(".") and _TRASH in entry.name and not dry_run:
+            if entry.name.startswith(".") and config.GC_MARK in entry.name and not dry_run:
                 shutil.rmtree(entry, ignore_errors=True)
     kept: list[tuple[float, int, Namespace]] = []
     for ns in _namespaces(root):
@@ -333,13 +305,13 @@ def gc(
         try:
             used = _last_used(ns)
             if old is not None and now - used > old:
-                size = _du(ns.root)
-                out.append(Removed(str(ns.root), "namespace", size, f"unused for {_age(now - used)}"))
+                size = disk_usage(ns.root)
+                out.append(Removed(str(ns.root), "namespace", size, f"unused for {age_text(now - used)}"))
                 if not dry_run:
-                    _remove_tree(ns.root)
+                    _remove(ns.root)
                 continue
             out.extend(_tidy(ns, grace_s, now, dry_run))
-            kept.append((used, _du(ns.root), ns))
+            kept.append((used, disk_usage(ns.root), ns))
         finally:
             lock.release()
     if max_bytes is not None:
@@ -354,9 +326,9 @@ def gc(
                 continue
             try:
                 out.append(Removed(str(ns.root), "namespace", size,
-                                   f"least recently used ({_age(now - used)} ago), over max_bytes"))
+                                   f"least recently used ({age_text(now - used)} ago), over max_bytes"))
                 if not dry_run:
-                    _remove_tree(ns.root)
+                    _remove(ns.root)
                 total -= size
             finally:
                 lock.release()

@@ -17,14 +17,12 @@ the name exists, so of two writers racing for the same generation exactly
 one wins (this holds on NFS too) and the other re-reads and adopts or
 extends the winner's manifest. Published files are never rewritten; parts
 that no manifest references any more are deleted only by housekeeping
-(:mod:`tensorstore_cache._gc`).
+(:mod:`tensorstore_cache.cache.gc`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import re
 import socket
@@ -36,85 +34,23 @@ from typing import Any
 
 from ..errors import CorruptStoreError, StoreNotFoundError
 from ..format.metadata import shard_count
-from ..format.spec import FORMAT_VERSION, StoreSpec
-from ..fs.durable import fsync_dir, read_json, write_json_durable
+from ..format.spec import StoreSpec
+from ..fs.durable import fsync_dir, write_json_durable
 from ..fs.locks import BuildLock, ReaderHold
+from ..fs.safe import read_json
+from ..reader.overlay import Overlay
 from ..reader.segment import Segment
 from ..reader.store import CacheStore
+from .fingerprint import NAMESPACE_KIND, canonical_json
 
-__all__ = [
-    "CACHE_DIR_ENV",
-    "LAYOUT_VERSION",
-    "Manifest",
-    "Namespace",
-    "canonical_json",
-    "default_cache_dir",
-    "fingerprint",
-    "is_namespace",
-    "namespace_name",
-    "open_namespace",
-    "open_parts",
-]
-
-#: Environment variable naming the default cache directory.
-CACHE_DIR_ENV = "TSC_CACHE_DIR"
-#: Version of the namespace layout (part of every fingerprint).
-LAYOUT_VERSION = 1
+__all__ = ["Manifest", "Namespace", "is_namespace", "open_namespace", "open_parts"]
 
 _INFO = "namespace.json"
 _MANIFEST_KIND = "tensorstore_cache.manifest"
-_NAMESPACE_KIND = "tensorstore_cache.namespace"
 _MANIFEST_NAME = re.compile(r"(\d{1,18})\.json")
 _PART_ID = re.compile(r"[0-9a-f]{8,16}-[0-9a-f]{8}")
 _MAX_MANIFEST = 16 << 20
 _MAX_PARTS = 100_000
-
-
-def default_cache_dir() -> Path:
-    """Return ``$TSC_CACHE_DIR``, else ``$XDG_CACHE_HOME/tensorstore_cache``, else ``~/.cache/tensorstore_cache``."""
-    env = os.environ.get(CACHE_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "tensorstore_cache"
-
-
-def canonical_json(value: Any) -> str:
-    """Return the canonical JSON text of ``value`` (sorted keys, no spaces)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def fingerprint(loader_id: str, loader_params: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """Return everything that determines a vector, as canonical JSON values.
-
-    Raises
-    ------
-    TypeError
-        If the loader's parameters are not JSON values.
-    """
-    try:
-        params = json.loads(canonical_json(loader_params))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"the loader's params {loader_params!r} must be JSON values (str, int, float, bool, "
-            f"None, lists and dicts of them): {exc}; they name the cache the vectors go to"
-        ) from None
-    return {
-        "kind": _NAMESPACE_KIND,
-        "layout": LAYOUT_VERSION,
-        "format_version": FORMAT_VERSION,
-        "loader_id": loader_id,
-        "loader_params": params,
-        "dtype": dtype,
-    }
-
-
-def namespace_name(fp: dict[str, Any]) -> str:
-    """Return the directory name of a fingerprint: a readable slug and a BLAKE2b digest."""
-    digest = hashlib.blake2b(canonical_json(fp).encode(), digest_size=10).hexdigest()
-    slug = re.sub(r"[^A-Za-z0-9_.]+", "_", str(fp["loader_id"])).strip("._")[:40] or "loader"
-    return f"{slug}-{fp['dtype']}-{digest}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +123,7 @@ class Namespace:
     def info(self) -> dict[str, Any]:
         """Return ``namespace.json``."""
         info = read_json(self.root / _INFO, max_bytes=1 << 20)
-        if info.get("kind") != _NAMESPACE_KIND or not isinstance(info.get("loader_id"), str):
+        if info.get("kind") != NAMESPACE_KIND or not isinstance(info.get("loader_id"), str):
             raise CorruptStoreError(
                 f"{self.root / _INFO} is not a tensorstore_cache namespace description",
                 str(self.root / _INFO),
@@ -411,16 +347,11 @@ def _view_spec(segments: list[Segment], info: dict[str, Any]) -> StoreSpec:
 
 def _still_skipped(segments: list[Segment]) -> tuple[tuple[str, str], ...]:
     """Sources a part skipped that no part holds (a later build may have succeeded)."""
-    import xxhash
-
-    from ..format.keys import encode_key
-
+    overlay = Overlay(segments)
     out: dict[str, str] = {}
     for seg in segments:
         for key, reason in seg.spec.skipped:
-            enc = encode_key(key)
-            h = xxhash.xxh3_64_intdigest(enc)
-            if all(other.find(enc, h) < 0 for other in segments):
+            if overlay.find(key)[0] < 0:
                 out[key] = reason
     return tuple(out.items())
 

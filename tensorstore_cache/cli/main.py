@@ -23,6 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .. import config
+from .._api import build_store, open_store, verify_store
+from ..cache.gc import gc, list_caches
 from ..errors import (
     BuildError,
     KeyNotInStoreError,
@@ -30,6 +33,7 @@ from ..errors import (
     StoreNotFoundError,
     TensorStoreCacheError,
 )
+from ..fs.temp import age_text, disk_usage
 
 __all__ = ["main"]
 
@@ -156,8 +160,6 @@ def read_sources(source: str, column: str) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ..writer.build import build_store
-
     paths = read_sources(args.source, args.column)
     if not paths:
         what = "image files" if Path(args.source).is_dir() else "paths"
@@ -179,7 +181,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         shape = "x".join(str(d) for d in spec.item_shape)
         print(
             f"built {store.location}: {len(store):,} vectors {shape} {spec.dtype} "
-            f"({_human(_disk_bytes(Path(store.location)))}) in {dt:.1f} s "
+            f"({_human(disk_usage(Path(store.location)))}) in {dt:.1f} s "
             f"({len(paths) / max(dt, 1e-9):,.0f} items/s)"
         )
         if spec.skipped:
@@ -191,19 +193,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _disk_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):  # removed meanwhile
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
 def store_info(location: str) -> dict[str, Any]:
     """What ``info`` shows, as JSON values."""
-    from ..reader.store import open_store
-
     with open_store(location) as store:
         spec = store.spec
         info = spec.to_json()
@@ -211,7 +202,7 @@ def store_info(location: str) -> dict[str, Any]:
             location=store.location,
             entries=len(store),
             item_nbytes=spec.item_nbytes,
-            disk_bytes=_disk_bytes(Path(store.location)),
+            disk_bytes=disk_usage(Path(store.location)),
             created=datetime.fromtimestamp(spec.created_unix, UTC).isoformat(timespec="seconds"),
         )
     return info
@@ -244,8 +235,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..format.verify import verify_store
-
     if not args.quiet:
         print(f"verifying {args.store} ...", file=sys.stderr)
     t0 = time.perf_counter()
@@ -259,18 +248,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1
 
 
-def _cache_api() -> Any:
-    import tensorstore_cache
-
-    if not all(hasattr(tensorstore_cache, name) for name in ("list_caches", "gc")):
-        raise TensorStoreCacheError(
-            "this version of tensorstore_cache has no cache directory support (list_caches, gc)"
-        )
-    return tensorstore_cache
-
-
 def cmd_ls(args: argparse.Namespace) -> int:
-    caches = _cache_api().list_caches(args.cache_dir)
+    caches = list_caches(args.cache_dir)
     if args.json:
         out = []
         for c in caches:
@@ -281,7 +260,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print()
         return 0
     if not caches:
-        print(f"no caches in {args.cache_dir or _default_cache_dir()}")
+        print(f"no caches in {args.cache_dir or config.default_cache_dir()}")
         return 0
     now = datetime.now(UTC)
     table = [("NAMESPACE", "LOADER", "VECTOR", "ENTRIES", "SIZE", "LAST USED", "")]
@@ -293,7 +272,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             f"{shape} {c.dtype}",
             f"{c.entries:,}",
             _human(c.bytes),
-            _ago((now - c.last_used).total_seconds()),
+            f"{age_text((now - c.last_used).total_seconds())} ago",
             f"building: {c.building}" if c.building else "",
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -304,24 +283,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_cache_dir() -> str:
-    try:
-        from ..cache.namespace import default_cache_dir
-
-        return str(default_cache_dir())
-    except ImportError:  # pragma: no cover - older layout
-        return "the cache directory"
-
-
-def _ago(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit} ago"
-    return "just now"
-
-
 def cmd_gc(args: argparse.Namespace) -> int:
-    removed = _cache_api().gc(
+    removed = gc(
         args.cache_dir,
         older_than=None if args.older_than is None else args.older_than * 86400.0,
         max_bytes=args.max_size,
@@ -336,7 +299,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from ..reader.store import open_store
     from .preview import contact_sheet, pick_rows
 
     out = Path(args.out)
@@ -381,12 +343,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tensorstore-cache`` (also used for the docs)."""
-    from .. import __version__
-
     fmt = _Formatter
     parser = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt,
                      fromfile_prefix_chars="@")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {config.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=_Parser)
     sub_kw: dict[str, Any] = {"formatter_class": fmt}

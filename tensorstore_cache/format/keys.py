@@ -13,13 +13,20 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Iterable, Sequence
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-__all__ = ["PathLike", "encode_key", "hash_encoded", "normalize_key", "normalize_keys"]
+__all__ = [
+    "PathLike",
+    "encode_key",
+    "encode_keys",
+    "hash_encoded",
+    "normalize_key",
+    "normalize_keys",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -96,6 +103,63 @@ def encode_key(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
 
+_SLASH, _DOT = ord("/"), ord(".")
+
+
+def _plain(joined: bytes) -> bool:
+    """Whether every key in ``joined`` (encoded keys separated by NUL) is its own key.
+
+    The conditions of :func:`normalize_key`'s fast path, checked for a whole
+    chunk with a few vectorised passes instead of a call per path: no key is
+    empty, starts with ``.``, ends with ``/``, or holds ``//`` or ``/.``. (The
+    encoding of any other character has no byte below 0x80.)
+    """
+    if not joined or joined[0] in (0, _DOT) or joined[-1] in (0, _SLASH):
+        return False
+    q = np.frombuffer(joined, dtype=np.uint8)
+    nul = q == 0
+    slash = q == _SLASH
+    dot_or_nul = (q == _DOT) | nul
+    bad = slash[:-1] & (slash[1:] | dot_or_nul[1:])  # "//", "/.", a key ending with "/"
+    bad |= nul[:-1] & dot_or_nul[1:]  # a key starting with "." or an empty key
+    return not bool(bad.any())
+
+
+def encode_keys(paths: Sequence[Any] | npt.NDArray[Any]) -> tuple[Sequence[str], list[bytes]]:
+    """Normalise and encode many paths at once (the bulk form of the two above).
+
+    Parameters
+    ----------
+    paths
+        ``str`` or ``os.PathLike`` values (a list, a tuple, an ndarray).
+
+    Returns
+    -------
+    keys : sequence of str
+        The normalised keys (``paths`` itself when every path already is one).
+    encoded : list of bytes
+        Their stored bytes, in order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`normalize_key`, for the first bad path.
+    """
+    if len(paths) == 0:
+        return [], []
+    try:
+        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
+    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...): key by key
+        joined = b""
+    if _plain(joined):
+        encoded = joined.split(b"\x00")
+        if len(encoded) == len(paths):  # else a path holds a NUL: normalize_key says so
+            return paths, encoded  # type: ignore[return-value]
+    keys = [normalize_key(p) for p in paths]
+    encoded = "\x00".join(keys).encode("utf-8", "surrogateescape").split(b"\x00")
+    return keys, encoded
+
+
 def hash_encoded(encoded: Sequence[bytes]) -> npt.NDArray[np.uint64]:
     """Hash encoded keys with XXH3-64.
 
@@ -109,5 +173,4 @@ def hash_encoded(encoded: Sequence[bytes]) -> npt.NDArray[np.uint64]:
     numpy.ndarray
         ``uint64`` hashes, one per key.
     """
-    h = xxhash.xxh3_64_intdigest
-    return np.fromiter((h(b) for b in encoded), dtype=np.uint64, count=len(encoded))
+    return np.fromiter(map(xxhash.xxh3_64_intdigest, encoded), dtype=np.uint64, count=len(encoded))

@@ -1,9 +1,11 @@
-"""The on-disk layout: names, array metadata, and validation of what is read.
+"""The on-disk layout: names, array metadata, and the group metadata, read and written.
 
 A store is a zarr v3 group. This module builds the exact ``zarr.json``
 documents the writer emits and checks, before anything is mapped, that a
 store's metadata is one of those documents (an allowlist: any other dtype,
-codec, chunking or attribute is rejected).
+codec, chunking or attribute is rejected). :class:`GroupMetadata` is the one
+description of a store's group document: parsed by readers, written by
+builds and merges.
 """
 
 from __future__ import annotations
@@ -12,25 +14,28 @@ import math
 import os
 import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..fs.durable import read_json
+from ..fs.durable import fsync_dir, write_json_durable
+from ..fs.safe import read_json
 from .spec import FORMAT_VERSION, StoreSpec
 
 __all__ = [
     "ATTR_KEY",
     "DTYPES",
+    "GROUP",
     "INDEX_ARRAYS",
-    "MAX_ARRAY_JSON",
-    "MAX_GROUP_JSON",
     "VECTORS",
+    "GroupMetadata",
     "expected_files",
+    "index_array_length",
     "index_array_metadata",
-    "parse_group",
     "shard_count",
     "shard_key",
     "vectors_metadata",
@@ -38,6 +43,8 @@ __all__ = [
 
 #: Group attribute that holds the store's description.
 ATTR_KEY = "tensorstore_cache"
+#: The group metadata file (written last: it is the store's commit record).
+GROUP = "zarr.json"
 #: Name of the array of vectors.
 VECTORS = "vectors"
 #: One-dimensional index arrays: name -> (dtype, length is n or n + 1 or bytes).
@@ -54,9 +61,6 @@ DTYPES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
      "float16", "float32", "float64"]
 )
-#: Size caps of metadata files, checked before they are read.
-MAX_GROUP_JSON = 64 << 20
-MAX_ARRAY_JSON = 64 << 10
 _MAX_N = 1 << 40
 _MAX_ITEM_BYTES = 1 << 31
 _MAX_DIMS = 8
@@ -247,69 +251,110 @@ def _exists(root: Path, name: str, root_fd: int | None) -> bool:
     return True
 
 
-def parse_group(
-    root: Path, root_fd: int | None = None
-) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]:
-    """Read and validate every metadata file of the store at ``root``.
+@dataclass(frozen=True, slots=True)
+class GroupMetadata:
+    """A store's group ``zarr.json``: its spec and the size and checksum of every file.
 
-    ``root_fd``, a descriptor of ``root``, makes every file be read from that
-    directory even if another one is renamed to ``root`` meanwhile.
-
-    Returns
-    -------
-    spec : StoreSpec
-        The store's description.
-    files : dict
-        Store-relative path -> ``(size, xxh3-128 hex)`` of every data file.
-    key_bytes_len : int
-        Length of the ``key_bytes`` array.
-
-    Raises
-    ------
-    StoreNotFoundError
-        If ``root`` has no ``zarr.json``.
-    CorruptStoreError
-        If any metadata differs from what this format allows.
+    Examples
+    --------
+    >>> meta = GroupMetadata.read(Path("covers.tsc"))  # doctest: +SKIP
+    >>> meta.spec.n, len(meta.files)                    # doctest: +SKIP
+    (10000, 23)
     """
-    where = str(root / "zarr.json")
-    try:
-        if root_fd is None:
-            group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON)
-        else:
-            try:
-                os.stat("zarr.json", dir_fd=root_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                raise StoreNotFoundError(f"{where} does not exist") from None
-            group = read_json(root / "zarr.json", max_bytes=MAX_GROUP_JSON, root=root,
-                              root_fd=root_fd)
-    except StoreNotFoundError:
-        if _exists(root, VECTORS, root_fd):
+
+    spec: StoreSpec
+    """What the store holds."""
+    files: dict[str, tuple[int, str]]
+    """Store-relative path -> ``(size, xxh3-128 hex)`` of every file but the group ``zarr.json``."""
+    key_bytes_len: int
+    """Length of the ``key_bytes`` index array."""
+
+    @classmethod
+    def from_json(cls, group: Any, where: str) -> GroupMetadata:
+        """Validate a decoded group document; ``where`` names it in errors.
+
+        Raises
+        ------
+        CorruptStoreError
+            If it differs in anything from what this format allows.
+        """
+        if not isinstance(group, dict) or group.get("zarr_format") != 3 or group.get(
+            "node_type"
+        ) != "group":
+            raise CorruptStoreError(f"{where} is not a zarr v3 group", where)
+        attributes = group.get("attributes")
+        if not isinstance(attributes, dict) or ATTR_KEY not in attributes:
             raise CorruptStoreError(
-                f"{where} is missing but {root} holds store data; the store's metadata was "
-                "deleted - rebuild the store",
+                f"{where} is a zarr group but not a tensorstore_cache store "
+                f"(no {ATTR_KEY!r} attribute)",
                 where,
-            ) from None
-        raise
-    if group.get("zarr_format") != 3 or group.get("node_type") != "group":
-        raise CorruptStoreError(f"{where} is not a zarr v3 group", where)
-    attributes = group.get("attributes")
-    if not isinstance(attributes, dict) or ATTR_KEY not in attributes:
-        raise CorruptStoreError(
-            f"{where} is a zarr group but not a tensorstore_cache store "
-            f"(no {ATTR_KEY!r} attribute)",
-            where,
-        )
-    spec, files, key_bytes_len = _spec_from_attrs(attributes[ATTR_KEY], where)
-    wanted = {VECTORS: vectors_metadata(spec)}
-    for name in INDEX_ARRAYS:
-        wanted[name] = index_array_metadata(name, index_array_length(name, spec, key_bytes_len))
-    for name, expected in wanted.items():
-        path = root / name / "zarr.json"
-        found = read_json(path, max_bytes=MAX_ARRAY_JSON, root=root, root_fd=root_fd)
-        if found != expected:
-            raise CorruptStoreError(
-                f"{path} does not describe the array this store needs (dtype, shape, "
-                "chunking and codecs must be exactly those written by tensorstore_cache)",
-                str(path),
             )
-    return spec, files, key_bytes_len
+        return cls(*_spec_from_attrs(attributes[ATTR_KEY], where))
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the group document (as written to ``zarr.json``)."""
+        attrs = self.spec.to_json()
+        attrs["key_bytes_len"] = self.key_bytes_len
+        attrs["key_hash"] = "xxh3_64"
+        attrs["checksum"] = "xxh3_128"
+        attrs["files"] = {rel: [size, digest] for rel, (size, digest) in sorted(self.files.items())}
+        return {"attributes": {ATTR_KEY: attrs}, "zarr_format": 3, "node_type": "group"}
+
+    def array_documents(self) -> dict[str, dict[str, Any]]:
+        """Return the ``zarr.json`` of every array of the store, by array name."""
+        docs = {VECTORS: vectors_metadata(self.spec)}
+        for name in INDEX_ARRAYS:
+            docs[name] = index_array_metadata(
+                name, index_array_length(name, self.spec, self.key_bytes_len)
+            )
+        return docs
+
+    @classmethod
+    def read(cls, root: Path, root_fd: int | None = None) -> GroupMetadata:
+        """Read and validate every metadata file of the store at ``root``.
+
+        ``root_fd``, a descriptor of ``root``, makes every file be read from that
+        directory even if another one is renamed to ``root`` meanwhile.
+
+        Raises
+        ------
+        StoreNotFoundError
+            If ``root`` has no ``zarr.json``.
+        CorruptStoreError
+            If any metadata differs from what this format allows.
+        """
+        where = str(root / GROUP)
+        try:
+            if root_fd is None:
+                group = read_json(root / GROUP, max_bytes=config.MAX_GROUP_JSON)
+            else:
+                try:
+                    os.stat(GROUP, dir_fd=root_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise StoreNotFoundError(f"{where} does not exist") from None
+                group = read_json(root / GROUP, max_bytes=config.MAX_GROUP_JSON, root=root,
+                                  root_fd=root_fd)
+        except StoreNotFoundError:
+            if _exists(root, VECTORS, root_fd):
+                raise CorruptStoreError(
+                    f"{where} is missing but {root} holds store data; the store's metadata was "
+                    "deleted - rebuild the store",
+                    where,
+                ) from None
+            raise
+        meta = cls.from_json(group, where)
+        for name, expected in meta.array_documents().items():
+            path = root / name / GROUP
+            found = read_json(path, max_bytes=config.MAX_ARRAY_JSON, root=root, root_fd=root_fd)
+            if found != expected:
+                raise CorruptStoreError(
+                    f"{path} does not describe the array this store needs (dtype, shape, "
+                    "chunking and codecs must be exactly those written by tensorstore_cache)",
+                    str(path),
+                )
+        return meta
+
+    def write(self, root: Path) -> None:
+        """Write the group ``zarr.json`` into ``root`` durably (it must not exist yet)."""
+        write_json_durable(root / GROUP, self.to_json())
+        fsync_dir(root)

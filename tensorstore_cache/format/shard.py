@@ -11,35 +11,22 @@ elsewhere (written by another zarr writer) is still read, row by row.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import google_crc32c
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from ..errors import CorruptStoreError
-from ..fs.durable import io_step, open_regular
+from ..fs.durable import write_replace
+from ..fs.safe import open_regular
 
-__all__ = [
-    "MappedShard",
-    "PARTIAL_SUFFIX",
-    "file_checksum",
-    "map_shard_fd",
-    "open_shard",
-    "remove_partials",
-    "shard_file_size",
-    "write_shard",
-]
+__all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "write_shard"]
 
 _EMPTY = np.uint64(2**64 - 1)
-#: Suffix of a shard file being written (``<shard>.<uuid>.partial``).
-PARTIAL_SUFFIX = ".partial"
 
 
 def shard_file_size(rows: int, rows_per_shard: int, item_nbytes: int) -> int:
@@ -56,16 +43,14 @@ def _index_bytes(rows: int, rows_per_shard: int, item_nbytes: int) -> bytes:
     return raw + crc.to_bytes(4, "little")
 
 
-def write_shard(
-    path: Path, block: npt.NDArray[np.generic], rows_per_shard: int, *, parents: bool = True
-) -> tuple[int, str]:
-    """Write the shard file ``path`` from ``block`` (rows x item), fsynced, atomically.
+def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int) -> tuple[int, str]:
+    """Write the shard file ``path`` from ``block`` (rows x item), durably and atomically.
 
-    The bytes go to ``<path>.<uuid>.partial`` first, which then replaces
-    ``path`` with one ``os.replace``: a reader or a retried task never finds a
-    half-written file at ``path``, and a task killed part-way leaves only a
-    ``.partial`` file behind (see :func:`remove_partials`). Writing the same
-    shard twice (a retried task) is safe; the last complete write wins.
+    Written with :func:`~tensorstore_cache.fs.durable.write_replace`: a reader
+    or a retried task never finds a half-written file at ``path``, and
+    writing the same shard twice (a retried task) is safe. The parent
+    directory must exist (a late task of an abandoned build then fails
+    instead of recreating the build directory).
 
     Parameters
     ----------
@@ -75,10 +60,6 @@ def write_shard(
         The shard's rows, shape ``(m, *item_shape)`` with ``m <= rows_per_shard``.
     rows_per_shard
         The array's shard length ``S``.
-    parents
-        Create missing parent directories. With ``False`` the parent must
-        exist (a late task of an abandoned build then fails instead of
-        recreating the build directory).
 
     Returns
     -------
@@ -91,56 +72,7 @@ def write_shard(
     rows = data.shape[0]
     item_nbytes = data.nbytes // rows if rows else 0
     tail = _index_bytes(rows, rows_per_shard, item_nbytes)
-    digest = xxhash.xxh3_128()
-    if parents:
-        io_step("mkdir")
-        path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
-    io_step("create")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        try:
-            for part in (data.reshape(-1).view(np.uint8).data, memoryview(tail)):
-                digest.update(part)
-                while part:
-                    io_step("write")
-                    part = part[os.write(fd, part):]
-            io_step("fsync")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        io_step("rename")
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise
-    return data.nbytes + len(tail), digest.hexdigest()
-
-
-def remove_partials(root: Path) -> int:
-    """Delete every ``*.partial`` file under ``root`` (left by killed writers); return the count."""
-    count = 0
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            if name.endswith(PARTIAL_SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(dirpath, name))
-                    count += 1
-    return count
-
-
-def file_checksum(path: Path, chunk: int = 8 << 20) -> tuple[int, str]:
-    """Return ``(size, xxh3-128 hex)`` of a file, read in chunks."""
-    digest = xxhash.xxh3_128()
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-            size += n
-    return size, digest.hexdigest()
+    return write_replace(path, [data.reshape(-1).view(np.uint8).data, memoryview(tail)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,38 +102,6 @@ class MappedShard:
         count = int(np.prod(self.item_shape))
         flat = np.frombuffer(self.buffer, self.dtype, count, int(self.offsets[i]))
         return flat.reshape(self.item_shape)
-
-
-def map_file(
-    path: Path, root: Path, expected_size: int, *, copy_on_write: bool, root_fd: int | None = None
-) -> mmap.mmap | None:
-    """Map a whole store file after checking its size; ``None`` for an empty file.
-
-    ``root_fd`` (a descriptor of ``root``) pins the store directory, see
-    :func:`~tensorstore_cache._jsonio.open_regular`.
-
-    Raises
-    ------
-    CorruptStoreError
-        If the file is missing, not a regular file inside ``root``, or not
-        exactly ``expected_size`` bytes (a truncated file would otherwise
-        kill the reader with SIGBUS).
-    """
-    fd = open_regular(path, root, root_fd)
-    try:
-        size = os.fstat(fd).st_size
-        if size != expected_size:
-            raise CorruptStoreError(
-                f"{path} is {size} bytes but the store recorded {expected_size}; the file "
-                "was truncated or overwritten - rebuild the store",
-                str(path),
-            )
-        if size == 0:
-            return None
-        access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
-        return mmap.mmap(fd, size, access=access)
-    finally:
-        os.close(fd)
 
 
 def open_shard(

@@ -8,7 +8,7 @@ files that should not be there, symlinks and damaged metadata.
 
 Examples
 --------
->>> report = verify_store("covers.tsc")  # doctest: +SKIP
+>>> report = verify_segment("covers.tsc")  # doctest: +SKIP
 >>> report.ok                            # doctest: +SKIP
 True
 >>> print(report)                        # doctest: +SKIP
@@ -22,18 +22,14 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import xxhash
+from typing import Protocol
 
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..fs.durable import open_regular
-from .metadata import parse_group
+from ..fs.durable import file_digest
+from ..fs.safe import open_regular
+from .metadata import GroupMetadata
 
-if TYPE_CHECKING:
-    from ..reader.store import CacheStore
-
-__all__ = ["Problem", "VerifyReport", "verify_segment", "verify_store"]
+__all__ = ["Problem", "VerifyReport", "verify_segment", "verify_segments"]
 
 _CHUNK = 8 << 20
 
@@ -55,7 +51,7 @@ class Problem:
 
 @dataclass(slots=True)
 class VerifyReport:
-    """The outcome of :func:`verify_store`.
+    """The outcome of :func:`~tensorstore_cache.verify_store`.
 
     Attributes
     ----------
@@ -123,16 +119,6 @@ class VerifyReport:
         )
 
 
-def _hash_fd(fd: int, buf: bytearray) -> tuple[int, str]:
-    digest = xxhash.xxh3_128()
-    size = 0
-    view = memoryview(buf)
-    while n := os.readv(fd, [buf]):
-        digest.update(view[:n])
-        size += n
-    return size, digest.hexdigest()
-
-
 def _check_file(
     root: Path, rel: str, size: int, digest: str, report: VerifyReport, buf: bytearray,
     root_fd: int,
@@ -156,7 +142,7 @@ def _check_file(
             )
             return
         try:
-            read, found_digest = _hash_fd(fd, buf)
+            read, found_digest = file_digest(fd, buf)
         except OSError as exc:
             report.problems.append(Problem(str(path), "unreadable", f"read error: {exc}"))
             return
@@ -241,7 +227,7 @@ def verify_segment(root: str | os.PathLike[str], root_fd: int | None = None) -> 
         raise StoreNotFoundError(f"no store at {str(base)!r}") from None
     try:
         try:
-            _spec, files, _key_bytes_len = parse_group(base, fd)
+            files = GroupMetadata.read(base, fd).files
         except StoreNotFoundError:
             if root_fd is None:
                 raise
@@ -264,43 +250,22 @@ def verify_segment(root: str | os.PathLike[str], root_fd: int | None = None) -> 
     return report
 
 
-def verify_store(target: CacheStore | str | os.PathLike[str]) -> VerifyReport:
-    """Check every file of a store against the sizes and checksums recorded at build time.
+class _OpenDirectory(Protocol):
+    @property
+    def root(self) -> Path: ...
+    @property
+    def dir_fd(self) -> int: ...
 
-    Parameters
-    ----------
-    target
-        An open :class:`CacheStore` (each of its segments is checked) or a
-        store directory.
+
+def verify_segments(location: str, segments: Iterable[_OpenDirectory]) -> VerifyReport:
+    """Check every open store directory of a store (each with its ``root`` and ``dir_fd``).
 
     Returns
     -------
     VerifyReport
-        The combined report; ``report.ok`` is true for a sound store and
-        :meth:`VerifyReport.raise_if_bad` turns problems into a
-        :class:`CorruptStoreError` naming every bad file.
-
-    Raises
-    ------
-    StoreNotFoundError
-        If there is no store at ``target``.
+        One report for ``location``, every segment's problems in it.
     """
-    from ..reader.store import CacheStore, open_store
-
-    if isinstance(target, CacheStore):
-        report = VerifyReport(target.location)
-        for seg in target._segments:
-            report.extend(verify_segment(seg.root, seg.dir_fd))
-        return report
-    path = Path(os.fspath(target))
-    if (path / "zarr.json").is_file() or (path / "zarr.json").is_symlink():
-        report = VerifyReport(str(path))
-        report.extend(verify_segment(path))
-        return report
-    try:  # a layout of several segments, or no store: let open_store decide
-        with open_store(path) as store:
-            return verify_store(store)
-    except CorruptStoreError as exc:
-        report = VerifyReport(str(path))
-        report.problems.append(Problem(exc.path or str(path), "metadata", str(exc)))
-        return report
+    report = VerifyReport(location)
+    for seg in segments:
+        report.extend(verify_segment(seg.root, seg.dir_fd))
+    return report

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from .. import config
 from ..errors import StoreLockedError
 
 __all__ = [
-    "LOCKS_ENV",
     "BuildLock",
     "Holder",
     "ReaderHold",
@@ -41,9 +41,6 @@ __all__ = [
     "read_holder",
     "try_exclusive",
 ]
-
-#: Environment variable that turns file locking off when set to ``0``.
-LOCKS_ENV = "TSC_CACHE_LOCKS"
 
 # errno values meaning "this filesystem cannot lock", as opposed to "someone holds it"
 _UNSUPPORTED = frozenset(
@@ -60,7 +57,7 @@ _UNSUPPORTED = frozenset(
 
 def locks_enabled() -> bool:
     """Whether file locks are used (``TSC_CACHE_LOCKS`` is not ``0``/``off``/``false``/``no``)."""
-    return os.environ.get(LOCKS_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return os.environ.get(config.LOCKS_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 @dataclass(frozen=True, slots=True)

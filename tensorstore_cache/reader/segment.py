@@ -2,7 +2,14 @@
 
 Opening maps the six small index arrays (``O(1)`` system calls, no
 per-entry Python objects); shard files are mapped lazily, the first time one
-of their rows is read.
+of their rows is read. A store whose shard files are fetched on demand
+gives a :class:`ShardSupply` at open: the segment asks it for every shard
+it is about to map, all the shards of one batch at once.
+
+Keys are found by their XXH3-64 in the sorted ``key_hash`` array, then
+compared byte for byte with the stored key. A single lookup narrows the binary
+search with a small table of bucket starts (the top bits of the hash), built
+on the first single lookup.
 """
 
 from __future__ import annotations
@@ -15,17 +22,75 @@ import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..format.metadata import INDEX_ARRAYS, index_array_length, parse_group, shard_count, shard_key
-from ..format.shard import MappedShard, map_file, map_shard_fd, open_shard
+from ..format.hashes import read_hashes
+from ..format.metadata import (
+    INDEX_ARRAYS,
+    GroupMetadata,
+    index_array_length,
+    shard_count,
+    shard_key,
+)
+from ..format.shard import MappedShard, map_shard_fd, open_shard
+from ..fs.safe import map_file
 from .vmap import VirtualRows, virtual_rows_supported
 
-__all__ = ["Segment"]
+__all__ = ["Segment", "ShardSupply"]
+
+
+class ShardSupply(Protocol):
+    """Makes shard files present before a segment maps them (shards on demand)."""
+
+    def ensure(self, shards: Sequence[int]) -> None:
+        """Return once the files of ``shards`` are in place, complete (or raise)."""
+
+    def close(self) -> None:
+        """The segment is closed: nothing more will be asked."""
+
+_UNREAD: Any = object()
+_bisect_left = bisect.bisect_left
+#: Largest bucket table of a single lookup: 2**16 starts.
+_MAX_BUCKET_BITS = 16
+
+
+def _ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[int]:
+    """A sequence of Python ints over ``array``: a memoryview (C-speed bisect and indexing)
+    on little-endian hosts, whose byte order the files share; a list elsewhere."""
+    if sys.byteorder == "little":
+        return array.view(np.uint8).data.cast(code)
+    return list(array.tolist())
+
+
+def same_bytes(
+    stored: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.uint64],
+    stops: npt.NDArray[np.uint64],
+    keys: Sequence[bytes],
+) -> npt.NDArray[np.bool_]:
+    """Whether ``stored[starts[i]:stops[i]] == keys[i]`` for every ``i``, vectorised.
+
+    One gather of every candidate's stored bytes and one comparison with the
+    keys' bytes: no Python object per key (``starts``/``stops`` are within
+    ``stored``, checked by the caller).
+    """
+    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    same = (stops.astype(np.int64) - starts.astype(np.int64)) == lengths
+    query = np.frombuffer(b"".join(keys), dtype=np.uint8)
+    qstarts = np.zeros(len(keys), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=qstarts[1:])
+    index = np.repeat(starts.astype(np.int64) - qstarts, lengths)
+    index += np.arange(len(query), dtype=np.int64)
+    equal = np.empty(len(query) + 1, dtype=bool)
+    np.equal(stored.take(index, mode="clip"), query, out=equal[:-1])
+    equal[-1] = True  # a start for an empty last key; such keys fail the length check
+    same &= np.logical_and.reduceat(equal, qstarts)
+    result: npt.NDArray[np.bool_] = same
+    return result
 
 
 class Segment:
@@ -35,10 +100,15 @@ class Segment:
     ----------
     root
         The store directory (a zarr v3 group written by this library).
+    supply
+        Asked for the shards about to be mapped for the first time (all the
+        shards of one batch at once); their files are then checked like any
+        other (size, index checksum). None: every file is already there.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, supply: ShardSupply | None = None) -> None:
         self.root = root
+        self._supply = supply
         # Every file is opened relative to this descriptor, so the segment keeps
         # reading the directory it opened even if another store is renamed over
         # ``root`` later (build_store(overwrite=True)): never a mix of two stores.
@@ -61,7 +131,8 @@ class Segment:
         return self._dir_fd
 
     def _open(self, root: Path) -> None:
-        self.spec, self.files, key_bytes_len = parse_group(root, self._dir_fd)
+        meta = GroupMetadata.read(root, self._dir_fd)
+        self.spec, self.files, key_bytes_len = meta.spec, meta.files, meta.key_bytes_len
         self.n = self.spec.n
         self.item_shape = self.spec.item_shape
         self.dtype: np.dtype[np.generic] = np.dtype(self.spec.dtype).newbyteorder("<")
@@ -87,21 +158,18 @@ class Segment:
         self.key_bytes = arrays["key_bytes"]
         self.source_size = arrays["source_size"]
         self.source_mtime_ns = arrays["source_mtime_ns"]
-        # memoryviews give C-speed bisect and slicing with plain Python ints for
-        # single lookups; the files are little-endian, so other hosts get lists
-        def ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[int]:
-            if sys.byteorder == "little":
-                return array.view(np.uint8).data.cast(code)
-            return list(array.tolist())
-
-        self._hash_mv = ints(self.key_hash, "Q")
-        self._row_mv = ints(self.key_row, "q")
-        self._off_mv = ints(self.key_offsets, "Q")
+        self._hash_mv = _ints(self.key_hash, "Q")
+        self._row_mv = _ints(self.key_row, "q")
+        self._off_mv = _ints(self.key_offsets, "Q")
         self._kb_mv = self.key_bytes.data
+        self._kb_len = len(self._kb_mv)
+        self._buckets: tuple[Sequence[int], int] | None = None
+        self._content_hashes: npt.NDArray[np.uint64] | None = _UNREAD
         self._shards: list[MappedShard | None] = [None] * shard_count(self.spec)
         self._lock = threading.Lock()
         self._vrows: VirtualRows | None = None
         self._all_mapped = False
+        self._rows: npt.NDArray[np.generic] | None = None  # the contiguous view, once complete
         self._vmapped = [False] * len(self._shards)  # shard k sits in the contiguous view
         item_nbytes = self.spec.item_nbytes
         if self.n and virtual_rows_supported(self.rows_per_shard, item_nbytes):
@@ -140,10 +208,23 @@ class Segment:
         start, stop = self._key_span(row)
         return bytes(self._kb_mv[start:stop])
 
+    def _bucket_table(self) -> tuple[Sequence[int], int]:
+        """Return the first position of every hash bucket, and the shift that gives a bucket."""
+        bits = max(0, min(_MAX_BUCKET_BITS, self.n.bit_length() - 1))
+        shift = 64 - bits
+        starts = np.empty((1 << bits) + 1, dtype=np.int64)
+        starts[0], starts[-1] = 0, self.n
+        edges = np.arange(1, 1 << bits, dtype=np.uint64) << np.uint64(shift % 64)
+        starts[1:-1] = np.searchsorted(self.key_hash, edges, side="left")
+        self._buckets = (_ints(starts, "q"), shift)
+        return self._buckets
+
     def find(self, encoded: bytes, h: int) -> int:
         """Return the row of one key, or -1 (the single-lookup hot path)."""
+        table, shift = self._buckets or self._bucket_table()
+        bucket = h >> shift
         mv = self._hash_mv
-        pos = bisect.bisect_left(mv, h)
+        pos = _bisect_left(mv, h, table[bucket], table[bucket + 1])
         n, kb, off = self.n, self._kb_mv, self._off_mv
         while pos < n and mv[pos] == h:
             row = self._row_mv[pos]
@@ -151,7 +232,7 @@ class Segment:
                 raise self._bad_index("key_row", f"entry {pos} names row {row} of {n}")
             start = off[row]
             stop = off[row + 1]
-            if not start <= stop <= len(kb):
+            if not start <= stop <= self._kb_len:
                 self._key_span(row)  # raises, naming the damage
             if kb[start:stop] == encoded:
                 return row
@@ -163,17 +244,22 @@ class Segment:
     ) -> npt.NDArray[np.int64]:
         """Return the row of every key, -1 where absent.
 
-        The search is vectorised, every candidate is then compared byte for byte
-        with its stored key; only hash collisions fall back to a scan.
+        The search is vectorised, and so is the byte-for-byte comparison of
+        every candidate with its stored key; only hash collisions fall back to
+        a scan.
         """
         out = np.full(len(encoded), -1, dtype=np.int64)
         if self.n == 0 or len(encoded) == 0:
             return out
         pos = np.minimum(np.searchsorted(self.key_hash, hashes, side="left"), self.n - 1)
-        cand = np.flatnonzero(self.key_hash[pos] == hashes)
+        hit = self.key_hash[pos] == hashes
+        every = bool(hit.all())
+        cand = np.arange(len(encoded)) if every else np.flatnonzero(hit)
         if len(cand) == 0:
             return out
-        rows: npt.NDArray[np.int64] = np.asarray(self.key_row[pos[cand]], dtype=np.int64)
+        rows: npt.NDArray[np.int64] = np.asarray(
+            self.key_row[pos if every else pos[cand]], dtype=np.int64
+        )
         if int(rows.min()) < 0 or int(rows.max()) >= self.n:
             bad_row = int(rows[(rows < 0) | (rows >= self.n)][0])
             raise self._bad_index("key_row", f"an entry names row {bad_row} of {self.n}")
@@ -181,17 +267,8 @@ class Segment:
         starts_u, stops_u = offsets[rows], offsets[rows + 1]
         if np.any(stops_u < starts_u) or int(stops_u.max()) > len(self.key_bytes):
             raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
-        # byte-for-byte check of every candidate against its stored key: slices of a
-        # memoryview compare in C and allocate nothing per byte
-        kb = self._kb_mv
-        same = np.fromiter(
-            (
-                kb[a:b] == encoded[i]
-                for i, a, b in zip(cand.tolist(), starts_u.tolist(), stops_u.tolist(), strict=True)
-            ),
-            dtype=bool,
-            count=len(cand),
-        )
+        keys = encoded if every else [encoded[i] for i in cand.tolist()]
+        same = same_bytes(np.asarray(self.key_bytes, dtype=np.uint8), starts_u, stops_u, keys)
         out[cand[same]] = rows[same]
         for i in cand[~same].tolist():  # hash collision (or a different key): scan
             out[i] = self.find(encoded[i], int(hashes[i]))
@@ -214,20 +291,43 @@ class Segment:
             raw[offs[i] : offs[i + 1]].decode("utf-8", "surrogateescape") for i in range(self.n)
         ]
 
+    # -- source identity ------------------------------------------------------
+
+    def content_hashes(self) -> npt.NDArray[np.uint64] | None:
+        """Return the recorded content hash of every row (0: unknown), or None if none was recorded.
+
+        Read once from the part's side file (see :mod:`tensorstore_cache.format.hashes`).
+        """
+        if self._content_hashes is _UNREAD:
+            self._content_hashes = read_hashes(self.root, self.n)
+        return self._content_hashes
+
     # -- vectors --------------------------------------------------------------
 
     def shard(self, k: int) -> MappedShard:
         """Return shard ``k``, mapping (and checking) it on first use."""
         shard = self._shards[k]
         if shard is None:
-            with self._lock:
-                shard = self._shards[k]
-                if shard is None:
-                    shard = self._map(k)
-                    self._shards[k] = shard
-                    if all(x is not None for x in self._shards):
-                        self._all_mapped = True
+            self._map_shards([k])
+            shard = self._shards[k]
+            assert shard is not None
         return shard
+
+    def _map_shards(self, ks: Sequence[int]) -> None:
+        """Map the shards ``ks`` not mapped yet (their supply asked once for all of them)."""
+        todo = [k for k in ks if self._shards[k] is None]
+        if not todo:
+            return
+        if self._supply is not None:
+            self._supply.ensure(todo)
+        with self._lock:
+            for k in todo:
+                if self._shards[k] is None:
+                    self._shards[k] = self._map(k)
+            if all(x is not None for x in self._shards):
+                self._all_mapped = True
+                if self._vrows is not None:  # every row in one contiguous view from now on
+                    self._rows = self._vrows.rows
 
     def _map(self, k: int) -> MappedShard:
         rel = shard_key(self.spec, k)
@@ -275,9 +375,13 @@ class Segment:
 
     def row(self, row: int) -> npt.NDArray[np.generic]:
         """Return a copy-on-write view of one row."""
+        every = self._rows
+        if every is not None:
+            view: npt.NDArray[np.generic] = every[row]
+            return view
         vrows = self._vrows
         if vrows is not None and self._vmapped[row // self.rows_per_shard]:
-            view: npt.NDArray[np.generic] = vrows.rows[row]
+            view = vrows.rows[row]
             return view
         k, i = divmod(row, self.rows_per_shard)
         rows = self.shard(k).rows
@@ -292,14 +396,12 @@ class Segment:
             return
         s = self.rows_per_shard
         shard_ids = rows // s
-        vrows = self._vrows
+        if not self._all_mapped:
+            self._map_shards(np.unique(shard_ids).tolist())
+        vrows = self._vrows  # None if mapping found rows out of layout order
         if vrows is not None:
-            if not self._all_mapped:
-                for k in np.unique(shard_ids).tolist():
-                    self.shard(k)
-            if self._vrows is not None:  # still contiguous after mapping
-                np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
-                return
+            np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
+            return
         # no contiguous view (rows out of layout order, or not Linux): shard by shard
         for k in np.unique(shard_ids).tolist():
             shard = self.shard(k)
@@ -318,5 +420,8 @@ class Segment:
         self._shards = [None] * len(self._shards)
         self._buffers = []
         self._vrows = None
+        self._rows = None
         self._all_mapped = False
+        if self._supply is not None:
+            self._supply.close()
 

@@ -1,4 +1,4 @@
-"""The public handle: :class:`CacheStore` and :func:`open_store`."""
+"""The handle: :class:`CacheStore`, over one store directory or several segments."""
 
 from __future__ import annotations
 
@@ -13,21 +13,23 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from ..config import Check, Missing, check_mode
 from ..errors import KeyNotInStoreError, StoreNotFoundError
-from ..format.keys import encode_key, hash_encoded, normalize_key, normalize_keys
+from ..format.keys import encode_keys, normalize_key, normalize_keys
 from ..format.spec import StoreSpec
+from ..format.verify import verify_segments
 from .overlay import Overlay
-from .segment import Segment
+from .segment import Segment, ShardSupply
+from .sources import SourceIdentity, stale_mask
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CacheStore", "open_store"]
+__all__ = ["CacheStore", "open_directory"]
 
 _T = TypeVar("_T")
 #: Keys looked up per vectorised step of :meth:`CacheStore.rows`.
 _ROWS_CHUNK = 4096
-_MISSING: Any = object()
 
 
 class CacheStore:
@@ -39,6 +41,11 @@ class CacheStore:
     does not, ``path in store`` and ``len(store)`` work, and it is a context
     manager. Vectors are views of the mapped files (copy-on-write: writing to
     one changes only this process's copy, never the file).
+
+    A store is made of one or more segments (store directories; a cache
+    namespace has one per part), later segments overriding earlier ones.
+    :attr:`segments`, :meth:`locate`, :meth:`vector` and
+    :meth:`source_identity` are the interface the library's own layers use.
 
     Examples
     --------
@@ -56,13 +63,12 @@ class CacheStore:
         reopen: tuple[Callable[..., CacheStore], tuple[Any, ...]] | None = None,
         resources: Sequence[Any] = (),
     ) -> None:
-        self._segments = list(segments)
+        self._overlay = Overlay(segments)
+        # the one fast path: store[path] on a store of one segment
+        self._single = segments[0] if len(segments) == 1 else None
         self._spec = spec
         self._location = location
         self._closed = False
-        self._single = self._segments[0] if len(self._segments) == 1 else None
-        # several segments: later ones override earlier ones; rows number the live entries
-        self._overlay = None if self._single is not None else Overlay(self._segments)
         self._dtype = np.dtype(spec.dtype)
         self._paths: list[str] | None = None
         self._reopen = reopen
@@ -73,8 +79,9 @@ class CacheStore:
     @property
     def spec(self) -> StoreSpec:
         """The store's :class:`StoreSpec` (``n`` counts distinct keys)."""
-        if self._overlay is not None and self._spec.n != self._overlay.n:
-            self._spec = dataclasses.replace(self._spec, n=self._overlay.n)
+        n = self._overlay.n
+        if self._spec.n != n and len(self._overlay.segments) > 1:
+            self._spec = dataclasses.replace(self._spec, n=n)
         return self._spec
 
     @property
@@ -97,17 +104,62 @@ class CacheStore:
         """Every key, in row order (``store.paths[i]`` is the key of row ``i``)."""
         self._check_open()
         if self._paths is None:
-            single = self._single
-            self._paths = single.key_list() if single is not None else self._overlay_().paths()
+            self._paths = self._overlay.paths()
         return self._paths
 
     def __len__(self) -> int:
-        single = self._single
-        return single.n if single is not None else self._overlay_().n
+        return self._overlay.n
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} x {self._spec.item_shape} {self._spec.dtype}"
         return f"<CacheStore {self._location!r}: {state}>"
+
+    # -- the interface of the library's own layers --------------------------------
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The mapped store directories, oldest first (later ones override earlier ones)."""
+        return self._overlay.segments
+
+    def locate(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
+        """Map valid rows to ``(segment index, local row in that segment)`` arrays."""
+        return self._overlay.locate(rows)
+
+    def vector(self, row: int) -> npt.NDArray[Any]:
+        """Return the vector of ``row`` as a copy-on-write view of the mapped file."""
+        if self._closed:
+            self._check_open()
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} is out of range for a store of {len(self)} rows")
+        k, local = self._overlay.locate_one(row)
+        return self._overlay.segments[k].row(local)
+
+    def source_identity(
+        self, rows: npt.NDArray[np.int64], *, content_hash: bool = False
+    ) -> SourceIdentity:
+        """Return what was recorded about the sources of valid ``rows`` at build time.
+
+        Parameters
+        ----------
+        rows
+            Store rows.
+        content_hash
+            Also return the recorded content hashes (0 where none was recorded).
+        """
+        self._check_open()
+        seg_of, local = self.locate(rows)
+        size = np.empty(len(rows), np.int64)
+        mtime = np.empty(len(rows), np.int64)
+        hashes = np.zeros(len(rows), np.uint64) if content_hash else None
+        for k in np.unique(seg_of).tolist():
+            sel = np.flatnonzero(seg_of == k)
+            seg = self.segments[k]
+            size[sel] = seg.source_size[local[sel]]
+            mtime[sel] = seg.source_mtime_ns[local[sel]]
+            recorded = seg.content_hashes() if hashes is not None else None
+            if hashes is not None and recorded is not None:
+                hashes[sel] = recorded[local[sel]]
+        return SourceIdentity(size, mtime, hashes)
 
     # -- lookups --------------------------------------------------------------
 
@@ -115,60 +167,23 @@ class CacheStore:
         if self._closed:
             raise ValueError(f"store {self._location!r} is closed")
 
-    def _overlay_(self) -> Overlay:
-        assert self._overlay is not None
-        return self._overlay
-
-    def _locate(self, key: str) -> tuple[int, int]:
-        """Return ``(segment index, local row)`` of ``key``, ``(-1, -1)`` if absent."""
-        enc = encode_key(key)
-        h = xxhash.xxh3_64_intdigest(enc)
-        for k in range(len(self._segments) - 1, -1, -1):  # the newest segment wins
-            row = self._segments[k].find(enc, h)
-            if row >= 0:
-                return k, row
-        return -1, -1
-
-    def _find(self, key: str) -> int:
-        single = self._single
-        if single is not None:
-            enc = encode_key(key)
-            return single.find(enc, xxhash.xxh3_64_intdigest(enc))
-        k, row = self._locate(key)
-        return -1 if k < 0 else self._overlay_().one_to_global(k, row)
-
-    def _vector(self, row: int) -> npt.NDArray[Any]:
-        single = self._single
-        if single is not None:
-            return single.row(row)
-        k, local = self._overlay_().locate_one(row)
-        return self._segments[k].row(local)
-
-    def _lookup(self, key: str) -> npt.NDArray[Any] | None:
-        single = self._single
-        if single is not None:
-            enc = encode_key(key)
-            row = single.find(enc, xxhash.xxh3_64_intdigest(enc))
-            return None if row < 0 else single.row(row)
-        k, row = self._locate(key)
-        return None if k < 0 else self._segments[k].row(row)
-
     def __getitem__(self, path: str | os.PathLike[str]) -> npt.NDArray[Any]:
         """Return the vector of ``path`` as a copy-on-write view."""
         if self._closed:
             self._check_open()
-        key = normalize_key(path)
         single = self._single
-        if single is not None:  # the hot path, inlined
-            enc = key.encode("utf-8", "surrogateescape")
-            row = single.find(enc, xxhash.xxh3_64_intdigest(enc))
+        if single is not None and type(path) is str:  # the one fast path, measured
+            # Stored keys are normalised and normalising is idempotent, so a path found as
+            # it is needs no normalising; any other path is looked up normalised below.
+            encoded = path.encode("utf-8", "surrogateescape")
+            row = single.find(encoded, xxhash.xxh3_64_intdigest(encoded))
             if row >= 0:
                 return single.row(row)
+        key = normalize_key(path)
+        k, local = self._overlay.find(key)
+        if k < 0:
             raise KeyNotInStoreError([key])
-        vector = self._lookup(key)
-        if vector is None:
-            raise KeyNotInStoreError([key])
-        return vector
+        return self._overlay.segments[k].row(local)
 
     @overload
     def get(self, path: str | os.PathLike[str]) -> npt.NDArray[Any] | None: ...
@@ -177,8 +192,8 @@ class CacheStore:
     def get(self, path: str | os.PathLike[str], default: Any = None) -> Any:
         """Return the vector of ``path``, or ``default`` when it is not stored."""
         self._check_open()
-        vector = self._lookup(normalize_key(path))
-        return default if vector is None else vector
+        k, local = self._overlay.find(normalize_key(path))
+        return default if k < 0 else self._overlay.segments[k].row(local)
 
     def __contains__(self, path: object) -> bool:
         self._check_open()
@@ -186,12 +201,14 @@ class CacheStore:
             key = normalize_key(path)
         except (TypeError, ValueError):
             return False
-        return self._find(key) >= 0
+        return self._overlay.find(key)[0] >= 0
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.paths)
 
-    def rows(self, paths: Iterable[str | os.PathLike[str]], *, missing: str = "raise") -> npt.NDArray[np.int64]:
+    def rows(
+        self, paths: Iterable[str | os.PathLike[str]], *, missing: Missing = "raise"
+    ) -> npt.NDArray[np.int64]:
         """Return the row of every path, vectorised.
 
         Parameters
@@ -208,8 +225,7 @@ class CacheStore:
             ``int64`` rows, in the order of ``paths``.
         """
         self._check_open()
-        if missing not in ("raise", "ignore"):
-            raise ValueError(f"missing must be 'raise' or 'ignore', got {missing!r}")
+        check_mode("missing", missing, Missing)
         values = getattr(paths, "values", paths)  # a pandas Series -> its ndarray
         if isinstance(values, (str, bytes, os.PathLike)):
             raise TypeError(
@@ -218,37 +234,18 @@ class CacheStore:
             )
         if not isinstance(values, (list, tuple, np.ndarray)):
             values = list(values)
-        out = np.full(len(values), -1, dtype=np.int64)
+        out = np.empty(len(values), dtype=np.int64)
         missing_keys: list[str] = []
         # In chunks: the temporaries of a lookup grow with the keys' bytes, and a
         # process keeps freed heap, so one huge call would cost memory for good.
         for start in range(0, len(values), _ROWS_CHUNK):
-            keys = normalize_keys(values[start : start + _ROWS_CHUNK])
-            found = self._rows_of(keys)
-            out[start : start + len(keys)] = found
-            if missing == "raise" and np.any(found < 0):
-                missing_keys.extend(keys[i] for i in np.flatnonzero(found < 0).tolist())
+            keys, encoded = encode_keys(values[start : start + _ROWS_CHUNK])
+            found = self._overlay.find_many(encoded)
+            out[start : start + len(encoded)] = found
+            if missing == "raise" and not bool(found.min(initial=0) >= 0):
+                missing_keys.extend(str(keys[i]) for i in np.flatnonzero(found < 0).tolist())
         if missing_keys:
             raise KeyNotInStoreError(missing_keys)
-        return out
-
-    def _rows_of(self, keys: list[str]) -> npt.NDArray[np.int64]:
-        """Return the row of every normalised key, -1 where absent."""
-        encoded = [encode_key(k) for k in keys]
-        hashes = hash_encoded(encoded)
-        out = np.full(len(keys), -1, dtype=np.int64)
-        for k in range(len(self._segments) - 1, -1, -1):  # the newest segment wins
-            seg = self._segments[k]
-            todo = np.flatnonzero(out < 0)
-            if len(todo) == 0:
-                break
-            if len(todo) == len(out):
-                found = seg.find_many(encoded, hashes)
-            else:
-                found = seg.find_many([encoded[i] for i in todo.tolist()], hashes[todo])
-            hit = found >= 0
-            local = found[hit]
-            out[todo[hit]] = local if self._single is not None else self._overlay_().to_global(k, local)
         return out
 
     def take(self, rows: npt.ArrayLike, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
@@ -287,19 +284,13 @@ class CacheStore:
                 )
             if not out.flags.writeable:
                 raise ValueError("out is read-only")
-        single = self._single
-        if single is not None:
-            single.gather(idx, out)
-            return out
-        seg_of, local = self._overlay_().locate(idx)
-        for k in np.unique(seg_of).tolist():
-            sel = np.flatnonzero(seg_of == k)
-            part = np.empty((len(sel), *self._spec.item_shape), dtype=self._dtype)
-            self._segments[k].gather(local[sel], part)
-            out[sel] = part
+        if len(idx):
+            self._overlay.gather(idx, out)
         return out
 
-    def stale(self, paths: Iterable[str | os.PathLike[str]] | None = None, *, check: str = "stat") -> list[str]:
+    def stale(
+        self, paths: Iterable[str | os.PathLike[str]] | None = None, *, check: Check = "stat"
+    ) -> list[str]:
         """Return the keys whose source changed since its vector was computed.
 
         Parameters
@@ -324,11 +315,15 @@ class CacheStore:
         >>> store.stale()  # doctest: +SKIP
         ['data/images/0007.jpg']
         """
-        from .sources import stale_keys
-
         self._check_open()
+        check_mode("check", check, Check)
         keys = self.paths if paths is None else list(dict.fromkeys(normalize_keys(paths)))
-        return stale_keys(self, keys, check=check)
+        rows = self.rows(keys, missing="ignore")
+        present = np.flatnonzero(rows >= 0)
+        found = [keys[i] for i in present.tolist()]
+        recorded = self.source_identity(rows[present], content_hash=check == "hash")
+        mask = stale_mask(found, recorded)
+        return [found[i] for i in np.flatnonzero(mask).tolist()]
 
     # -- integrity ------------------------------------------------------------
 
@@ -348,10 +343,8 @@ class CacheStore:
         --------
         >>> tsc.open_store("covers.tsc").verify()  # doctest: +SKIP
         """
-        from ..format.verify import verify_store
-
         self._check_open()
-        verify_store(self).raise_if_bad()
+        verify_segments(self._location, self.segments).raise_if_bad()
 
     # -- pandas and batches -----------------------------------------------------
 
@@ -384,13 +377,29 @@ class CacheStore:
         KeyNotInStoreError
             Naming every path that is not in the store.
 
+        Notes
+        -----
+        The column holds NumPy views of the mapped files, as an ``img_vector``
+        column of one array per row would, without copying a byte. A pandas
+        extension type for tensors (e.g. pyarrow's fixed-shape tensor) would
+        copy every vector into Arrow memory, private to each process; the
+        views stay in the OS page cache, shared by every process that opens
+        the store. pandas is imported only here.
+
         Examples
         --------
         >>> df["img_vector"] = store.series(df["img_path"])  # doctest: +SKIP
         """
-        from .series import series
+        import pandas as pd
 
-        return series(self, paths, name=name)
+        index: pd.Index[Any] | None = paths.index if isinstance(paths, pd.Series) else None
+        rows = self.rows(paths)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        views = np.empty(len(unique), dtype=object)
+        for i, row in enumerate(unique.tolist()):  # one view per distinct path
+            views[i] = self.vector(row)
+        values = views[inverse.reshape(-1)]
+        return pd.Series(values, index=index, name=name, dtype=object, copy=False)
 
     def stack(
         self, paths: Iterable[str | os.PathLike[str]], out: npt.NDArray[Any] | None = None
@@ -412,7 +421,7 @@ class CacheStore:
     def close(self) -> None:
         """Release the mappings. Views already returned stay valid."""
         if not self._closed:
-            for seg in self._segments:
+            for seg in self.segments:
                 seg.close()
             for res in self._resources:
                 res.close()
@@ -435,66 +444,40 @@ class CacheStore:
         # (a cache namespace pins the parts this handle sees, so rows keep their meaning).
         if self._reopen is not None:
             return self._reopen
-        return (open_store, (self._location,))
+        return (open_directory, (self._location,))
 
 
-def open_store(
+def open_directory(
     path: str | os.PathLike[str],
     *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    storage_options: dict[str, Any] | None = None,
+    supply: ShardSupply | None = None,
+    reopen: tuple[Callable[..., CacheStore], tuple[Any, ...]] | None = None,
 ) -> CacheStore:
-    """Open a store read-only, mapping its files (no data is read or copied).
+    """Open the store directory ``path`` (one segment) read-only.
 
     Parameters
     ----------
     path
-        The store directory written by :func:`build_store`, or an fsspec URL
-        of one (``s3://bucket/covers.tsc``, ``gs://...``; needs the
-        ``remote`` extra). A remote store is copied once per node into
-        ``<cache_dir>/remote/`` (downloaded, every file checked against its
-        recorded checksum, published atomically; processes of the node that
-        ask at the same time wait for one copy) and mapped from there; a
-        changed remote store gets a new copy. ``file://`` URLs are local.
-    cache_dir
-        For URLs: where the node-local copy goes (default ``$TSC_CACHE_DIR``,
-        else ``~/.cache/tensorstore_cache``).
-    storage_options
-        For URLs: options of the fsspec filesystem (credentials,
-        ``endpoint_url``, ...).
-
-    Returns
-    -------
-    CacheStore
-        The open store.
+        A store directory written by a build.
+    supply
+        Makes shard files present before they are mapped, for stores whose
+        shards are fetched on demand (see
+        :class:`~tensorstore_cache.reader.segment.ShardSupply`).
+    reopen
+        How an unpickled copy reopens the store (default: this directory).
 
     Raises
     ------
     StoreNotFoundError
-        If there is no store at ``path``.
+        If there is no directory at ``path``.
     CorruptStoreError
-        If its metadata is invalid or its index files are damaged.
-
-    Examples
-    --------
-    >>> store = open_store("covers.tsc")  # doctest: +SKIP
-    >>> store.spec.item_shape             # doctest: +SKIP
-    (3, 32, 32)
+        If its metadata is invalid.
     """
-    if isinstance(path, str) and "://" in path:
-        from ..remote.fetch import is_url, open_remote
-
-        if is_url(path):
-            return open_remote(path, cache_dir=cache_dir, storage_options=storage_options)
     root = Path(os.fspath(path))
     if not root.is_dir():
         raise StoreNotFoundError(
             f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
             "(or check the path)"
         )
-    from ..cache.namespace import is_namespace, open_namespace
-
-    if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
-        return open_namespace(root)
-    segment = Segment(root)
-    return CacheStore([segment], segment.spec, str(root))
+    segment = Segment(root, supply=supply)
+    return CacheStore([segment], segment.spec, str(root), reopen=reopen)

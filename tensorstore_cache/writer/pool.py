@@ -13,7 +13,7 @@ closure, a :func:`functools.partial` of a local function). Each worker
   the builder, which handles it, kills its workers (:meth:`BuildPool.abort`);
 * exits as soon as its builder dies (``SIGKILL``, ``SIGTERM``, out of memory),
   instead of computing on for nobody;
-* inherits ``TSC_BUILDING`` (:mod:`._reentry`), so that nothing it runs can
+* inherits ``TSC_BUILDING`` (:mod:`.reentry`), so that nothing it runs can
   wait for the lock its builder holds;
 * writes the shard it is building into a status file named by its pid, so
   that the builder can name that shard and its first source if the worker
@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
+from ..loaders import Loader
 from .reentry import worker_environment
-from .tasks import Loader, ShardResult, ShardTask, run_shard
+from .tasks import ShardResult, ShardTask, run_shard
 
 __all__ = ["BuildPool", "WorkerStartError", "ship_loader"]
 

@@ -22,7 +22,7 @@ from . import config
 from .cache.cached import CacheOptions, cached_store
 from .cache.namespace import is_namespace, open_namespace
 from .config import Check, OnError, OnStale, check_mode
-from .errors import CorruptStoreError, StoreNotFoundError
+from .errors import CorruptStoreError
 from .format.keys import normalize_keys
 from .format.metadata import GROUP
 from .format.verify import Problem, VerifyReport, verify_segment, verify_segments
@@ -86,11 +86,6 @@ def open_store(
             return _open_url(path, cache_dir, storage_options)
         path = local
     root = Path(os.fspath(path))
-    if not root.is_dir():
-        raise StoreNotFoundError(
-            f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
-            "(or check the path)"
-        )
     if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
         return open_namespace(root)
     return open_directory(root)

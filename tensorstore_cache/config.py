@@ -75,6 +75,7 @@ OnStale = Literal["rebuild", "raise", "ignore"]
 Missing = Literal["raise", "ignore"]
 """What :meth:`~tensorstore_cache.CacheStore.rows` does with absent paths."""
 
+
 def check_mode(name: str, value: object, mode: Any) -> Any:
     """Return ``value`` if it is one of the ``Literal`` type ``mode``'s values, else raise.
 

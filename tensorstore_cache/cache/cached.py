@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import config
 from ..config import Check, OnStale
 from ..errors import BuildError, StaleSourceError, StoreNotFoundError
 from ..format.hashes import write_hashes
@@ -26,7 +25,7 @@ from ..fs.locks import Holder
 from ..fs.temp import remove_tree
 from ..reader.sources import hash_many, stale_mask
 from ..reader.store import CacheStore, open_directory
-from ..writer.build import BuildOptions, build, collect_debris
+from ..writer.build import BuildOptions, build, build_dir_target, collect_debris
 from ..writer.reentry import building
 from .compact import merge_start, write_merged
 from .fingerprint import fingerprint, namespace_name
@@ -189,8 +188,9 @@ def _sweep_debris(ns: Namespace) -> None:
     except OSError:
         return
     for name in names:
-        if name.startswith(".") and config.BUILD_MARK in name:
-            collect_debris(ns.parts_dir / name[1 : name.index(config.BUILD_MARK)])
+        target = build_dir_target(name)
+        if target is not None:
+            collect_debris(ns.parts_dir / target)
 
 
 def _build_part(

@@ -80,7 +80,9 @@ def write_merged(view: CacheStore, target: Path) -> int:
     try:
         (tmp / VECTORS).mkdir()
         files = rewrite_rows(tmp, spec, view.take)
-        meta = finish_store(tmp, spec, files, keys, recorded.size, recorded.mtime_ns)
+        meta = finish_store(
+            tmp, spec, files, keys=keys, sizes=recorded.size, mtimes=recorded.mtime_ns
+        )
         publish(tmp, target, meta, overwrite=False)
     except BaseException:
         remove_tree(tmp)

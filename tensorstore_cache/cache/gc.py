@@ -32,11 +32,10 @@ from ..errors import CorruptStoreError, StoreNotFoundError
 from ..format.hashes import HASH_SUFFIX
 from ..fs.locks import BuildLock, read_holder, try_exclusive
 from ..fs.temp import age_text, disk_usage, remove_tree
-from ..writer.build import collect_debris
+from ..writer.build import build_dir_target, collect_debris
 from .namespace import Namespace
 
 __all__ = ["CacheInfo", "Removed", "gc", "list_caches"]
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +191,14 @@ def _tidy(ns: Namespace, grace: float, now: float, dry_run: bool) -> list[Remove
     for entry in entries:
         name = entry.name
         if name.startswith("."):
-            if config.BUILD_MARK in name:  # a builder's temporary directory
+            target = build_dir_target(name)
+            if target is not None:  # a builder's temporary directory
                 before = disk_usage(entry)
                 if dry_run:
                     if now - _mtime(entry) > grace:
                         out.append(Removed(str(entry), "debris", before, "left by a builder"))
                     continue
-                collect_debris(entry.parent / name[1 : name.index(config.BUILD_MARK)], max_age_s=grace)
+                collect_debris(entry.parent / target, max_age_s=grace)
                 if not entry.exists():
                     out.append(Removed(str(entry), "debris", before, "left by a dead builder"))
             elif config.GC_MARK in name and not dry_run:

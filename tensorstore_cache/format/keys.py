@@ -26,6 +26,7 @@ __all__ = [
     "hash_encoded",
     "normalize_key",
     "normalize_keys",
+    "path_sequence",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -89,13 +90,27 @@ def normalize_keys(paths: Iterable[object]) -> list[str]:
     list of str
         The keys, in input order, duplicates kept.
     """
-    if isinstance(paths, (str, bytes, os.PathLike)):
+    return [normalize_key(p) for p in path_sequence(paths)]
+
+
+def path_sequence(paths: Iterable[object]) -> Sequence[Any]:
+    """Return the paths of an iterable as a sequence (a pandas Series as its array).
+
+    Raises
+    ------
+    TypeError
+        If ``paths`` is one path (a ``str``, ``bytes`` or ``os.PathLike``)
+        rather than an iterable of them.
+    """
+    values: Any = getattr(paths, "values", paths)  # a pandas Series -> its ndarray
+    if isinstance(values, (str, bytes, os.PathLike)):
         raise TypeError(
-            f"paths must be an iterable of paths, not a single path: {paths!r}; "
+            f"paths must be an iterable of paths, not a single path: {values!r}; "
             "wrap it in a list"
         )
-    values = getattr(paths, "values", paths)  # pandas Series -> ndarray
-    return [normalize_key(p) for p in values]
+    if not isinstance(values, (list, tuple, np.ndarray)):
+        values = list(values)
+    return values  # type: ignore[no-any-return]
 
 
 def encode_key(key: str) -> bytes:

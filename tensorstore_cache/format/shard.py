@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ..errors import CorruptStoreError
 from ..fs.durable import write_replace
-from ..fs.safe import open_regular
+from ..fs.safe import open_sized
 
 __all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "write_shard"]
 
@@ -130,15 +130,9 @@ def open_shard(
         If the file has the wrong size, its index checksum fails, a row is
         missing, or a row lies outside the data region.
     """
-    fd = open_regular(path, root, root_fd)
+    fd = open_sized(path, root, expected_size, root_fd)
+    size = expected_size
     try:
-        size = os.fstat(fd).st_size
-        if size != expected_size:
-            raise CorruptStoreError(
-                f"{path} is {size} bytes but the store recorded {expected_size}; the file "
-                "was truncated or overwritten - rebuild the store",
-                str(path),
-            )
         index_len = 16 * rows_per_shard + 4
         if size < index_len:
             raise CorruptStoreError(f"{path} is too small to hold a shard index", str(path))

@@ -22,7 +22,7 @@ from typing import Any
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
 
-__all__ = ["map_file", "open_regular", "read_json"]
+__all__ = ["map_file", "open_regular", "open_sized", "read_json"]
 
 
 def _reject_constant(name: str) -> Any:
@@ -222,18 +222,40 @@ def map_file(
         exactly ``expected_size`` bytes (a truncated file would otherwise
         kill the reader with SIGBUS).
     """
+    fd = open_sized(path, root, expected_size, root_fd)
+    try:
+        if expected_size == 0:
+            return None
+        access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+        return mmap.mmap(fd, expected_size, access=access)
+    finally:
+        os.close(fd)
+
+
+def open_sized(path: Path, root: Path, expected_size: int, root_fd: int | None = None) -> int:
+    """Open a store file with :func:`open_regular` and check its size; return the descriptor.
+
+    The caller closes it. A file of another size than the store recorded is
+    refused before anything maps it (mapping a truncated file and reading past
+    its end would kill the reader with SIGBUS).
+
+    Raises
+    ------
+    CorruptStoreError
+        If the file is missing, not a regular file inside ``root``, or not
+        exactly ``expected_size`` bytes.
+    """
     fd = open_regular(path, root, root_fd)
     try:
         size = os.fstat(fd).st_size
-        if size != expected_size:
-            raise CorruptStoreError(
-                f"{path} is {size} bytes but the store recorded {expected_size}; the file "
-                "was truncated or overwritten - rebuild the store",
-                str(path),
-            )
-        if size == 0:
-            return None
-        access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
-        return mmap.mmap(fd, size, access=access)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    if size != expected_size:
+        os.close(fd)
+        raise CorruptStoreError(
+            f"{path} is {size} bytes but the store recorded {expected_size}; the file "
+            "was truncated or overwritten - rebuild the store",
+            str(path),
+        )
+    return fd

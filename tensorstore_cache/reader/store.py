@@ -15,7 +15,7 @@ import xxhash
 
 from ..config import Check, Missing, check_mode
 from ..errors import KeyNotInStoreError, StoreNotFoundError
-from ..format.keys import encode_keys, normalize_key, normalize_keys
+from ..format.keys import encode_keys, normalize_key, normalize_keys, path_sequence
 from ..format.spec import StoreSpec
 from ..format.verify import verify_segments
 from .overlay import Overlay
@@ -226,14 +226,7 @@ class CacheStore:
         """
         self._check_open()
         check_mode("missing", missing, Missing)
-        values = getattr(paths, "values", paths)  # a pandas Series -> its ndarray
-        if isinstance(values, (str, bytes, os.PathLike)):
-            raise TypeError(
-                f"paths must be an iterable of paths, not a single path: {values!r}; "
-                "wrap it in a list"
-            )
-        if not isinstance(values, (list, tuple, np.ndarray)):
-            values = list(values)
+        values = path_sequence(paths)
         out = np.empty(len(values), dtype=np.int64)
         missing_keys: list[str] = []
         # In chunks: the temporaries of a lookup grow with the keys' bytes, and a

@@ -31,15 +31,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
 from ..format.metadata import GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
 from ..fs.durable import file_digest, fsync_dir, write_bytes_durable
 from ..fs.locks import BuildLock
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
-from .urls import filesystem, remote_cache_root, url_dir
+from .urls import filesystem, node_dir, version_name
 
 __all__ = ["fetch_store"]
 
@@ -184,11 +182,11 @@ def fetch_store(
         If ``lock_timeout`` passed while another process was copying.
     """
     fs, root = filesystem(url, storage_options)
-    base = remote_cache_root(cache_dir) / url_dir(url)
+    base = node_dir(url, cache_dir)
     last: list[tuple[str, str]] = []
     for attempt in range(max(1, attempts)):
         raw = _read_group(fs, root, url)
-        version = xxhash.xxh3_128_hexdigest(raw)
+        version = version_name(raw)
         local = base / version
         if local.is_dir():
             return local

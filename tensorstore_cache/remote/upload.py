@@ -22,14 +22,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from .. import config
 from ..errors import StoreExistsError
 from ..format.metadata import GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
 from ..fs.durable import fsync_dir
 from ..fs.temp import temp_sibling
-from .urls import filesystem, remote_cache_root, url_dir
+from .urls import filesystem, node_dir, version_name
 
 __all__ = ["check_target", "staging_dir", "upload_store"]
 
@@ -58,7 +56,7 @@ def staging_dir(url: str, cache_dir: str | os.PathLike[str] | None = None) -> Pa
     It lies on the filesystem of the node-local copies, so that the built
     store becomes this node's copy with one rename (:func:`upload_store`).
     """
-    base = remote_cache_root(cache_dir) / url_dir(url)
+    base = node_dir(url, cache_dir)
     base.mkdir(parents=True, exist_ok=True)
     staging = temp_sibling(base / "upload", config.FETCH_MARK)
     staging.mkdir()
@@ -78,14 +76,14 @@ def upload_store(
     Data files first, then the array metadata, the group ``zarr.json`` last.
     Afterwards ``local`` is moved into the node-local cache as the copy of
     the uploaded version, so opening ``url`` on this node downloads nothing;
-    ``local`` must lie on the same filesystem as ``remote_cache_root(cache_dir)``.
+    ``local`` must lie on the same filesystem as ``node_dir(url, cache_dir)``.
     """
     fs, root = filesystem(url, storage_options)
     raw = _upload(local, fs, root, overwrite)
-    base = remote_cache_root(cache_dir) / url_dir(url)
+    base = node_dir(url, cache_dir)
     base.mkdir(parents=True, exist_ok=True)
     try:
-        local.rename(base / xxhash.xxh3_128_hexdigest(raw))
+        local.rename(base / version_name(raw))
         fsync_dir(base)
     except OSError:
         pass  # this version is already here (identical bytes, by its checksums)

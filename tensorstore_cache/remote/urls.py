@@ -18,7 +18,15 @@ import xxhash
 
 from .. import config
 
-__all__ = ["file_url_path", "filesystem", "is_url", "remote_cache_root", "url_dir"]
+__all__ = [
+    "file_url_path",
+    "filesystem",
+    "is_url",
+    "node_dir",
+    "remote_cache_root",
+    "url_dir",
+    "version_name",
+]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
 
@@ -63,3 +71,13 @@ def url_dir(url: str) -> str:
     canonical = url.rstrip("/")
     tail = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rsplit("/", 1)[-1])[:48] or "store"
     return f"{tail}-{xxhash.xxh3_64_hexdigest(canonical.encode())}"
+
+
+def node_dir(url: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the directory of this node's copies of the store at ``url`` (not created)."""
+    return remote_cache_root(cache_dir) / url_dir(url)
+
+
+def version_name(group: bytes) -> str:
+    """Name of the copy of one version of a store: the XXH3-128 of its group ``zarr.json``."""
+    return xxhash.xxh3_128_hexdigest(group)

@@ -149,6 +149,7 @@ def finish_store(
     tmp: Path,
     spec: StoreSpec,
     files: Files,
+    *,
     keys: list[str],
     sizes: npt.NDArray[np.int64],
     mtimes: npt.NDArray[np.int64],

@@ -39,6 +39,7 @@ from .tasks import ShardTask, load_item
 __all__ = [
     "BuildOptions",
     "build",
+    "build_dir_target",
     "collect_debris",
     "default_workers",
     "rows_per_shard",
@@ -90,6 +91,16 @@ def temp_dir(target: Path) -> Path:
 def collect_debris(out: Path, max_age_s: float = 24 * 3600.0) -> None:
     """Remove temporary build directories of ``out`` left by dead builders."""
     collect_temp_siblings(out.parent, f".{out.name}{config.BUILD_MARK}", max_age_s)
+
+
+def build_dir_target(name: str) -> str | None:
+    """Return the name of the target that the build directory ``name`` belongs to.
+
+    ``None`` if ``name`` is not a build directory (see :func:`temp_dir`).
+    """
+    if not name.startswith(".") or config.BUILD_MARK not in name:
+        return None
+    return name[1 : name.index(config.BUILD_MARK)]
 
 
 def _probe(
@@ -164,7 +175,9 @@ def build(keys: list[str], target: Path, options: BuildOptions) -> None:
         io_step("mkdir")
         tmp.mkdir()
         try:
-            meta = _build_into(tmp, spec, keys, options, nworkers, target, probed)
+            meta = _build_into(
+                tmp, spec, keys, options, workers=nworkers, target=target, probed=probed
+            )
             publish(tmp, target, meta, overwrite=options.overwrite)
         except BaseException:
             remove_tree(tmp)
@@ -176,7 +189,8 @@ def _build_into(
     spec: StoreSpec,
     keys: list[str],
     options: BuildOptions,
-    nworkers: int,
+    *,
+    workers: int,
     target: Path,
     probed: tuple[int, npt.NDArray[Any]] | None = None,
 ) -> GroupMetadata:
@@ -206,7 +220,10 @@ def _build_into(
     if probed is not None:
         row, value = probed
         tasks[row // s].computed[row % s] = value
-    results = run_tasks(tasks, nworkers, options.progress, options.executor, target, n)
+    results = run_tasks(
+        tasks, workers=workers, progress=options.progress, executor=options.executor,
+        target=target, n=n,
+    )
     remove_partials(tmp / VECTORS)  # left by attempts killed mid-write, then retried
     failures: list[tuple[int, str, str]] = []
     sizes = np.empty(n, dtype=np.int64)
@@ -233,7 +250,7 @@ def _build_into(
         sizes, mtimes = sizes[keep], mtimes[keep]
     else:
         files = {t.rel: (results[t.rel].size, results[t.rel].checksum) for t in tasks}
-    return finish_store(tmp, spec, files, keys, sizes, mtimes)
+    return finish_store(tmp, spec, files, keys=keys, sizes=sizes, mtimes=mtimes)
 
 
 def _drop_failed_rows(

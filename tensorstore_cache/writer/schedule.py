@@ -30,7 +30,8 @@ logger = logging.getLogger("tensorstore_cache")
 
 def run_tasks(
     tasks: list[ShardTask],
-    nworkers: int,
+    *,
+    workers: int,
     progress: bool,
     executor: Executor | None,
     target: Path,
@@ -38,9 +39,10 @@ def run_tasks(
 ) -> dict[str, ShardResult]:
     """Run every task and return the results by shard path.
 
-    With no ``executor``, ``nworkers`` processes work: this one and a
-    :class:`~.pool.BuildPool` of ``nworkers - 1``. A given ``executor``
-    runs every task itself.
+    With no ``executor``, ``workers`` processes work: this one and a
+    :class:`~.pool.BuildPool` of ``workers - 1``. A given ``executor``
+    runs every task itself. ``progress`` shows a bar of the ``n`` items of
+    the build of ``target``.
     """
     bar = tqdm(
         total=n, unit="item", desc=f"building {target.name}", disable=not progress, smoothing=0.1
@@ -54,20 +56,20 @@ def run_tasks(
 
             return _collect(submit, tasks, bar, pool_size=len(tasks), local=False,
                             broken=_broken_executor)
-        if nworkers > 1 and len(tasks) > 1 and multiprocessing.current_process().daemon:
+        if workers > 1 and len(tasks) > 1 and multiprocessing.current_process().daemon:
             logger.warning(
                 "tensorstore_cache: building %s in this process (workers=1): a daemonic process "
                 "(a DataLoader or multiprocessing pool worker) cannot start worker processes",
                 target.name,
             )
-            nworkers = 1
-        if nworkers == 1 or len(tasks) <= 1:
+            workers = 1
+        if workers == 1 or len(tasks) <= 1:
             results: dict[str, ShardResult] = {}
             for task in tasks:
                 results[task.rel] = run_shard(task)
                 bar.update(len(task.keys))
             return results
-        size = min(nworkers - 1, len(tasks) - 1)
+        size = min(workers - 1, len(tasks) - 1)
         loader = tasks[0].loader
         assert loader is not None
         pool = BuildPool(size, loader, Path(tasks[0].root))

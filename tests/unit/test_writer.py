@@ -59,7 +59,7 @@ def test_rewrite_rows_then_finish_and_publish_makes_a_readable_store(tmp_path: P
     assert asked == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     keys = [f"k{i}" for i in range(10)]
     minus = np.full(10, -1, np.int64)
-    meta = finish_store(tmp, spec, files, keys, minus, minus)
+    meta = finish_store(tmp, spec, files, keys=keys, sizes=minus, mtimes=minus)
     publish(tmp, tmp_path / "s.tsc", meta, overwrite=False)
     assert GroupMetadata.read(tmp_path / "s.tsc") == meta
     with open_directory(tmp_path / "s.tsc") as store:

@@ -42,16 +42,7 @@ import numpy as np
 
 import tensorstore_cache as tsc
 from tensorstore_cache.config import SHARD_BYTES
-from tensorstore_cache.format.metadata import (
-    ATTR_KEY,
-    INDEX_ARRAYS,
-    VECTORS,
-    GroupMetadata,
-    expected_files,
-    index_array_length,
-    index_array_metadata,
-    vectors_metadata,
-)
+from tensorstore_cache.format.metadata import GroupMetadata, expected_files
 from tensorstore_cache.format.shard import write_shard
 from tensorstore_cache.format.spec import StoreSpec
 from tensorstore_cache.fs.durable import write_json_durable
@@ -205,19 +196,12 @@ def measure_metadata(work: Path, n: int = 10_000_000) -> dict[str, float]:
         root = work / f"meta-{dtype}-{workers}.tsc"
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir()
-        (root / VECTORS).mkdir()
-        write_json_durable(root / VECTORS / "zarr.json", vectors_metadata(spec))
-        for name in INDEX_ARRAYS:
+        files = {rel: (SHARD_BYTES, "0" * 32) for rel in expected_files(spec, key_bytes_len)}
+        meta = GroupMetadata(spec=spec, files=files, key_bytes_len=key_bytes_len)
+        for name, doc in meta.array_documents().items():
             (root / name).mkdir()
-            length = index_array_length(name, spec, key_bytes_len)
-            write_json_durable(root / name / "zarr.json", index_array_metadata(name, length))
-        files = {rel: [SHARD_BYTES, "0" * 32] for rel in sorted(expected_files(spec, key_bytes_len))}
-        attrs = spec.to_json() | {
-            "key_bytes_len": key_bytes_len, "key_hash": "xxh3_64", "checksum": "xxh3_128",
-            "files": files,
-        }
-        group = {"attributes": {ATTR_KEY: attrs}, "zarr_format": 3, "node_type": "group"}
-        write_json_durable(root / "zarr.json", group)
+            write_json_durable(root / name / "zarr.json", doc)
+        meta.write(root)
         times = []
         for _ in range(5):
             with Clock() as c:

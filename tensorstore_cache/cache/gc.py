@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
@@ -74,8 +74,8 @@ class Removed:
 
     path: str
     """The file or directory."""
-    kind: str
-    """``"namespace"``, ``"part"``, ``"debris"`` or ``"manifest"``."""
+    kind: Literal["namespace", "part", "debris", "manifest"]
+    """What it was."""
     bytes: int
     """Bytes it took on disk."""
     reason: str

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -24,6 +24,7 @@ __all__ = [
     "encode_key",
     "encode_keys",
     "hash_encoded",
+    "hash_key",
     "normalize_key",
     "normalize_keys",
     "path_sequence",
@@ -175,6 +176,10 @@ def encode_keys(paths: Sequence[Any] | npt.NDArray[Any]) -> tuple[Sequence[str],
     return keys, encoded
 
 
+hash_key: Callable[[bytes], int] = xxhash.xxh3_64_intdigest
+"""XXH3-64 of one encoded key, as a Python int (the function itself: no wrapper call)."""
+
+
 def hash_encoded(encoded: Sequence[bytes]) -> npt.NDArray[np.uint64]:
     """Hash encoded keys with XXH3-64.
 
@@ -188,4 +193,4 @@ def hash_encoded(encoded: Sequence[bytes]) -> npt.NDArray[np.uint64]:
     numpy.ndarray
         ``uint64`` hashes, one per key.
     """
-    return np.fromiter(map(xxhash.xxh3_64_intdigest, encoded), dtype=np.uint64, count=len(encoded))
+    return np.fromiter(map(hash_key, encoded), dtype=np.uint64, count=len(encoded))

@@ -289,7 +289,8 @@ class GroupMetadata:
                 f"(no {ATTR_KEY!r} attribute)",
                 where,
             )
-        return cls(*_spec_from_attrs(attributes[ATTR_KEY], where))
+        spec, files, key_bytes_len = _spec_from_attrs(attributes[ATTR_KEY], where)
+        return cls(spec=spec, files=files, key_bytes_len=key_bytes_len)
 
     def to_json(self) -> dict[str, Any]:
         """Return the group document (as written to ``zarr.json``)."""

@@ -178,7 +178,8 @@ def map_shard_fd(
     """Map a shard checked by :func:`open_shard` copy-on-write."""
     buf = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
     if offsets is not None:
-        return MappedShard(buf, None, offsets, dtype, item_shape)
+        return MappedShard(buffer=buf, rows=None, offsets=offsets, dtype=dtype,
+                           item_shape=item_shape)
     count = rows * int(np.prod(item_shape))
     view = np.frombuffer(buf, dtype, count).reshape((rows, *item_shape))
-    return MappedShard(buf, view, None, dtype, item_shape)
+    return MappedShard(buffer=buf, rows=view, offsets=None, dtype=dtype, item_shape=item_shape)

@@ -105,25 +105,39 @@ def exchange_dirs(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def write_bytes_durable(path: Path, data: bytes | memoryview) -> None:
-    """Create ``path`` with ``data`` and fsync it. The file must not exist yet."""
+def _write_all(fd: int, parts: list[memoryview]) -> tuple[int, str]:
+    """Write ``parts`` to ``fd`` in order and fsync it; return the size and XXH3-128 written."""
+    digest = xxhash.xxh3_128()
+    size = 0
+    for part in parts:
+        digest.update(part)
+        size += len(part)
+        while part:
+            io_step("write")
+            part = part[os.write(fd, part):]
+    io_step("fsync")
+    os.fsync(fd)
+    return size, digest.hexdigest()
+
+
+def write_bytes_durable(path: Path, data: bytes | memoryview) -> tuple[int, str]:
+    """Create ``path`` with ``data`` and fsync it; return its size and XXH3-128.
+
+    The file must not exist yet.
+    """
     io_step("create")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            io_step("write")
-            written = os.write(fd, view)
-            view = view[written:]
-        io_step("fsync")
-        os.fsync(fd)
+        return _write_all(fd, [memoryview(data)])
     finally:
         os.close(fd)
 
 
-def write_json_durable(path: Path, value: dict[str, Any]) -> None:
-    """Create ``path`` holding ``value`` as indented JSON, fsynced."""
-    write_bytes_durable(path, (json.dumps(value, indent=2, allow_nan=False) + "\n").encode())
+def write_json_durable(path: Path, value: dict[str, Any]) -> tuple[int, str]:
+    """Create ``path`` holding ``value`` as indented JSON, fsynced; return its size and XXH3-128."""
+    return write_bytes_durable(
+        path, (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
+    )
 
 
 def fsync_dirs(leaf: Path, top: Path) -> None:
@@ -145,21 +159,12 @@ def write_replace(path: Path, parts: list[memoryview]) -> tuple[int, str]:
     ``.partial`` file behind. Writing the same file twice is safe; the last
     complete write wins. The parent directory must exist.
     """
-    digest = xxhash.xxh3_128()
-    size = 0
     partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
     io_step("create")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
-            for part in parts:
-                digest.update(part)
-                size += len(part)
-                while part:
-                    io_step("write")
-                    part = part[os.write(fd, part):]
-            io_step("fsync")
-            os.fsync(fd)
+            entry = _write_all(fd, parts)
         finally:
             os.close(fd)
         io_step("rename")
@@ -168,7 +173,7 @@ def write_replace(path: Path, parts: list[memoryview]) -> tuple[int, str]:
         with contextlib.suppress(OSError):
             os.unlink(partial)
         raise
-    return size, digest.hexdigest()
+    return entry
 
 
 def file_digest(file: int | Path, buf: bytearray | None = None) -> tuple[int, str]:

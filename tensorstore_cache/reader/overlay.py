@@ -23,9 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
-from ..format.keys import hash_encoded
+from ..format.keys import encode_key, hash_encoded, hash_key
 from .segment import Segment
 
 __all__ = ["Overlay", "overridden_rows"]
@@ -167,8 +166,8 @@ class Overlay:
 
     def find(self, key: str) -> tuple[int, int]:
         """Return ``(segment index, local row)`` of a normalised key, ``(-1, -1)`` if absent."""
-        encoded = key.encode("utf-8", "surrogateescape")
-        h = xxhash.xxh3_64_intdigest(encoded)
+        encoded = encode_key(key)
+        h = hash_key(encoded)
         segments = self.segments
         for k in range(len(segments) - 1, -1, -1):  # the newest segment wins
             row = segments[k].find(encoded, h)

@@ -364,7 +364,8 @@ class Segment:
                     self._vmapped[k] = True
                     start = k * self.rows_per_shard
                     view = vrows.rows[start : start + rows]
-                    return MappedShard(None, view, None, self.dtype, self.item_shape)
+                    return MappedShard(buffer=None, rows=view, offsets=None, dtype=self.dtype,
+                                       item_shape=self.item_shape)
             if offsets is not None:  # rows not in layout order: no contiguous view
                 self._vrows = None
             return map_shard_fd(

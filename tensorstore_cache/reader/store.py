@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from ..config import Check, Missing, check_mode
 from ..errors import KeyNotInStoreError, StoreNotFoundError
-from ..format.keys import encode_keys, normalize_key, normalize_keys, path_sequence
+from ..format.keys import encode_keys, hash_key, normalize_key, normalize_keys, path_sequence
 from ..format.spec import StoreSpec
 from ..format.verify import verify_segments
 from .overlay import Overlay
@@ -159,7 +158,7 @@ class CacheStore:
             recorded = seg.content_hashes() if hashes is not None else None
             if hashes is not None and recorded is not None:
                 hashes[sel] = recorded[local[sel]]
-        return SourceIdentity(size, mtime, hashes)
+        return SourceIdentity(size=size, mtime_ns=mtime, content_hash=hashes)
 
     # -- lookups --------------------------------------------------------------
 
@@ -175,8 +174,8 @@ class CacheStore:
         if single is not None and type(path) is str:  # the one fast path, measured
             # Stored keys are normalised and normalising is idempotent, so a path found as
             # it is needs no normalising; any other path is looked up normalised below.
-            encoded = path.encode("utf-8", "surrogateescape")
-            row = single.find(encoded, xxhash.xxh3_64_intdigest(encoded))
+            encoded = path.encode("utf-8", "surrogateescape")  # encode_key, inlined
+            row = single.find(encoded, hash_key(encoded))
             if row >= 0:
                 return single.row(row)
         key = normalize_key(path)

@@ -34,7 +34,8 @@ from typing import Any
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
 from ..format.metadata import GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
-from ..fs.durable import file_digest, fsync_dir, write_bytes_durable
+from ..format.verify import verify_segment
+from ..fs.durable import fsync_dir, write_bytes_durable
 from ..fs.locks import BuildLock
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
 from .urls import filesystem, node_dir, version_name
@@ -60,22 +61,12 @@ def _read_group(fs: Any, root: str, url: str) -> bytes:
     return bytes(raw)
 
 
-def _check_copy(path: Path, size: int, digest: str) -> str | None:
-    """Check one downloaded file against its recorded size and hash, fsync it; ``None`` if good."""
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        return f"not downloaded ({exc})"
-    try:
-        found = os.fstat(fd).st_size
-        if found != size:
-            return f"{found} bytes, the store records {size}"
-        if file_digest(fd) != (size, digest):
-            return "content differs from its recorded XXH3-128"
         os.fsync(fd)
     finally:
         os.close(fd)
-    return None
 
 
 class _ChangedError(Exception):
@@ -102,9 +93,13 @@ def _download(fs: Any, root: str, raw: bytes, tmp: Path) -> int:
     for rel in data:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
     _get(fs, root, tmp, data)
-    bad = [(rel, why) for rel in sorted(files) if (why := _check_copy(tmp / rel, *files[rel]))]
-    if bad:
-        raise _ChangedError(bad)
+    report = verify_segment(tmp)  # every file's recorded size and XXH3-128, nothing else
+    if not report.ok:
+        raise _ChangedError(
+            [(os.path.relpath(p.path, tmp), p.detail) for p in report.problems]
+        )
+    for rel in files:
+        _fsync_file(tmp / rel)
     dirs = {tmp}
     for rel in files:
         parts = rel.split("/")[:-1]

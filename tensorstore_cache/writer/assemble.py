@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 from ..errors import BuildError, CorruptStoreError, StoreExistsError
 from ..format.keys import encode_key, hash_encoded
@@ -35,7 +34,6 @@ from ..format.shard import write_shard
 from ..format.spec import StoreSpec
 from ..fs.durable import (
     exchange_dirs,
-    file_digest,
     fsync_dir,
     fsync_dirs,
     io_step,
@@ -132,14 +130,15 @@ def write_index(
         data = np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<"))
         io_step("mkdir")
         (root / name).mkdir()
-        write_json_durable(root / name / GROUP, index_array_metadata(name, len(data)))
-        files[f"{name}/{GROUP}"] = file_digest(root / name / GROUP)
+        files[f"{name}/{GROUP}"] = write_json_durable(
+            root / name / GROUP, index_array_metadata(name, len(data))
+        )
         if len(data):
             io_step("mkdir")
             (root / name / "c").mkdir()
-            raw = data.tobytes()
-            write_bytes_durable(root / name / "c" / "0", raw)
-            files[f"{name}/c/0"] = (len(raw), xxhash.xxh3_128_hexdigest(raw))
+            files[f"{name}/c/0"] = write_bytes_durable(
+                root / name / "c" / "0", data.reshape(-1).view(np.uint8).data
+            )
             fsync_dir(root / name / "c")
         fsync_dir(root / name)
     return files, int(arrays["key_bytes"].nbytes)
@@ -173,14 +172,13 @@ def finish_store(
         The group metadata to publish with :func:`publish`.
     """
     every = dict(files)
-    write_json_durable(tmp / VECTORS / GROUP, vectors_metadata(spec))
-    every[f"{VECTORS}/{GROUP}"] = file_digest(tmp / VECTORS / GROUP)
+    every[f"{VECTORS}/{GROUP}"] = write_json_durable(tmp / VECTORS / GROUP, vectors_metadata(spec))
     if (tmp / VECTORS / "c").exists():
         fsync_dir(tmp / VECTORS / "c")
     fsync_dir(tmp / VECTORS)
     index_files, key_bytes_len = write_index(tmp, keys, sizes, mtimes)
     every.update(index_files)
-    return GroupMetadata(spec, every, key_bytes_len)
+    return GroupMetadata(spec=spec, files=every, key_bytes_len=key_bytes_len)
 
 
 def publish(tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool) -> None:

@@ -190,12 +190,12 @@ class Namespace:
             )
         created = raw.get("created_unix", 0.0)
         return Manifest(
-            generation,
-            tuple(parts),
-            entries,
-            None if shape is None else tuple(shape),
-            float(created) if isinstance(created, (int, float)) else 0.0,
-            path,
+            generation=generation,
+            parts=tuple(parts),
+            entries=entries,
+            item_shape=None if shape is None else tuple(shape),
+            created_unix=float(created) if isinstance(created, (int, float)) else 0.0,
+            path=path,
         )
 
     def publish(

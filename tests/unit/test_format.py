@@ -97,6 +97,12 @@ def test_group_metadata_size_cap_is_read_from_config(
     monkeypatch.setattr(config, "MAX_GROUP_JSON", 100)
     with pytest.raises(CorruptStoreError, match="more than the 100 allowed"):
         GroupMetadata.read(store_dir)
+    fd = os.open(store_dir, os.O_RDONLY)
+    try:  # through a descriptor of the directory, as an open store reads it
+        with pytest.raises(CorruptStoreError, match="more than the 100 allowed"):
+            GroupMetadata.read(store_dir, fd)
+    finally:
+        os.close(fd)
 
 
 def test_shard_written_then_opened(tmp_path: Path) -> None:

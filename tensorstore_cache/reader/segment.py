@@ -169,7 +169,9 @@ class Segment:
         self._lock = threading.Lock()
         self._vrows: VirtualRows | None = None
         self._all_mapped = False
-        self._rows: npt.NDArray[np.generic] | None = None  # the contiguous view, once complete
+        #: Every row in one contiguous copy-on-write view, once every shard is mapped
+        #: (None before, and where rows cannot be mapped contiguously).
+        self.all_rows: npt.NDArray[np.generic] | None = None
         self._vmapped = [False] * len(self._shards)  # shard k sits in the contiguous view
         item_nbytes = self.spec.item_nbytes
         if self.n and virtual_rows_supported(self.rows_per_shard, item_nbytes):
@@ -327,7 +329,7 @@ class Segment:
             if all(x is not None for x in self._shards):
                 self._all_mapped = True
                 if self._vrows is not None:  # every row in one contiguous view from now on
-                    self._rows = self._vrows.rows
+                    self.all_rows = self._vrows.rows
 
     def _map(self, k: int) -> MappedShard:
         rel = shard_key(self.spec, k)
@@ -376,7 +378,7 @@ class Segment:
 
     def row(self, row: int) -> npt.NDArray[np.generic]:
         """Return a copy-on-write view of one row."""
-        every = self._rows
+        every = self.all_rows
         if every is not None:
             view: npt.NDArray[np.generic] = every[row]
             return view
@@ -421,7 +423,7 @@ class Segment:
         self._shards = [None] * len(self._shards)
         self._buffers = []
         self._vrows = None
-        self._rows = None
+        self.all_rows = None
         self._all_mapped = False
         if self._supply is not None:
             self._supply.close()

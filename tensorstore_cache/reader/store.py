@@ -177,7 +177,8 @@ class CacheStore:
             encoded = path.encode("utf-8", "surrogateescape")  # encode_key, inlined
             row = single.find(encoded, hash_key(encoded))
             if row >= 0:
-                return single.row(row)
+                every = single.all_rows  # Segment.row, inlined for the common case
+                return every[row] if every is not None else single.row(row)
         key = normalize_key(path)
         k, local = self._overlay.find(key)
         if k < 0:

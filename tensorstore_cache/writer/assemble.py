@@ -34,7 +34,6 @@ from ..format.metadata import (
 from ..format.shard import write_shard
 from ..format.spec import StoreSpec
 from ..fs.durable import (
-    exchange_dirs,
     file_digest,
     fsync_dir,
     fsync_dirs,
@@ -42,6 +41,7 @@ from ..fs.durable import (
     write_bytes_durable,
     write_json_durable,
 )
+from ..fs.renames import exchange_dirs
 
 __all__ = ["finish_store", "publish", "rewrite_rows", "write_index", "write_shard_file"]
 

@@ -18,6 +18,7 @@ import shutil
 import stat
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +290,9 @@ def test_ls_flags_what_cached_would_refuse(base: Path, sources: list[str]) -> No
     assert listed[mine.name]["refused"] is None and listed[mine.name]["mode"] == "drwx------"
     assert listed[mine.name]["owner"] == "uid 64101"
     assert listed[planted.name]["loader_id"] == "?", "nothing of it was read"
+    # its files cannot even be looked at: its directory's time stands for its last use
+    used = datetime.fromisoformat(listed[planted.name]["last_used"])
+    assert abs((datetime.now(UTC) - used).total_seconds()) < 3600
     assert f"refusing the cache directory {planted}" in listed[planted.name]["refused_message"]
     assert "cache_dir" in listed[planted.name]["refused_message"]
     # a group-writable shard file inside the victim's own namespace: found by the same opens
@@ -307,11 +311,19 @@ def test_gc_keeps_other_users_files_unless_asked(base: Path, sources: list[str])
     def collect(cache: str, all_users: bool) -> list[str]:
         return [r.path for r in tsc.gc(cache, older_than=0, all_users=all_users)]
 
-    assert run_as(VICTIM, collect, str(cache), False) == [str(mine)]
+    code, out, err = run_as(VICTIM, cli, "gc", "--cache-dir", str(cache), "--older-than", "0")
+    assert code == 0, err
+    assert f"removed namespace {mine} " in out and "removed 1 item(s)" in out
     assert planted.exists() and not mine.exists()
-    # asked, but the system does not let the victim delete Mallory's files: kept
-    assert run_as(VICTIM, collect, str(cache), True) == []
+    # what it kept, and why, is said once (on stderr from the command line)
+    assert "gc kept 1 item(s) of other users (uid 64102)" in err and "--all-users" in err
+    # asked, but the system does not let the victim delete Mallory's files: kept, and said
+    code, out, err = run_as(VICTIM, cli, "gc", "--cache-dir", str(cache), "--older-than", "0",
+                            "--all-users")
+    assert code == 0 and "removed 0 item(s)" in out
+    assert "gc could not delete 1 item(s)" in err and str(planted) in err
     assert planted.exists()
+    assert run_as(VICTIM, collect, str(cache), True) == []
     # root keeps them too, unless asked
     assert [r.path for r in tsc.gc(cache, older_than=0)] == []
     assert [r.path for r in tsc.gc(cache, older_than=0, all_users=True)] == [str(planted)]

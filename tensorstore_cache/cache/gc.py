@@ -112,7 +112,8 @@ def _mtime(path: Path) -> float:
 
 
 def _last_used(ns: Namespace) -> float:
-    return max(_mtime(ns.last_used_path), _mtime(ns.root / "namespace.json"))
+    # another user's private namespace cannot be looked into: its directory's own time then
+    return max(_mtime(ns.last_used_path), _mtime(ns.root / "namespace.json")) or _mtime(ns.root)
 
 
 def _namespaces(root: Path, trust: Trust) -> list[Namespace]:
@@ -312,26 +313,34 @@ class _Sweep:
             except OSError:
                 gone = False
         if not gone:
-            self.denied.append((str(path), disk_usage(path) or disk_usage(aside)))
+            self.deny(path, aside)
         return gone
+
+    def deny(self, path: Path, aside: Path | None = None) -> None:
+        """Count ``path`` as kept because the system does not let this process delete it."""
+        size = disk_usage(path) or (disk_usage(aside) if aside is not None else 0)
+        self.denied.append((str(path), size))
 
     def report(self) -> None:
         """Log, once, what was kept because of its owner or refused by the system."""
         if self.kept:
             names = sorted({user_name(u) for _p, _s, owners in self.kept for u in owners})
-            total = sum(size for _p, size, _o in self.kept)
             logger.warning(
-                "gc kept %d item(s) of other users (%s), %.1f MiB; all_users=True "
-                "(--all-users) removes them where the system allows", len(self.kept),
-                ", ".join(names), total / (1 << 20),
+                "gc kept %d item(s) of other users (%s)%s; all_users=True (--all-users) "
+                "removes them where the system allows", len(self.kept), ", ".join(names),
+                _mib(sum(size for _p, size, _o in self.kept)),
             )
         if self.denied:
-            total = sum(size for _p, size in self.denied)
             logger.warning(
-                "gc could not delete %d item(s), %.1f MiB, that the system does not let this "
-                "user delete (e.g. %s); run gc as their owner or as root", len(self.denied),
-                total / (1 << 20), self.denied[0][0],
+                "gc could not delete %d item(s)%s that the system does not let this user "
+                "delete (e.g. %s); run gc as their owner or as root", len(self.denied),
+                _mib(sum(size for _p, size in self.denied)), self.denied[0][0],
             )
+
+
+def _mib(size: int) -> str:
+    """``", 12.0 MiB"``; empty when nothing could be counted (files this user may not list)."""
+    return f", {size / (1 << 20):.1f} MiB" if size else ""
 
 
 def _tidy(ns: Namespace, grace: float, now: float, sweep: _Sweep) -> list[Removed]:
@@ -407,21 +416,26 @@ def _tidy(ns: Namespace, grace: float, now: float, sweep: _Sweep) -> list[Remove
     return out
 
 
-def _lock(ns: Namespace, all_users: bool) -> BuildLock | None:
-    """The namespace's lock, taken for ``gc``; None if a build holds it or it cannot be opened."""
+def _lock(ns: Namespace, sweep: _Sweep) -> BuildLock | None:
+    """The namespace's lock, taken for ``gc``; None if a build holds it or it cannot be opened.
+
+    A lock this user may not use (another user's namespace) leaves the
+    namespace alone: counted as kept, or with ``all_users`` retried without
+    the owner rule and, if the system refuses that too, counted as not deletable.
+    """
     lock = BuildLock(ns.lock_path, what="gc", trust=ns.trust)
     try:
         got = lock.try_acquire()
-    except UntrustedCacheError:
-        if not all_users:
+    except OSError:  # UntrustedCacheError included
+        if not sweep.all_users:
+            sweep.mine(ns.root)  # counted as kept if others own any of it
             return None
         lock = BuildLock(ns.lock_path, what="gc", trust=Trust.explicit(warn=False))
         try:
             got = lock.try_acquire()
         except OSError:
+            sweep.deny(ns.root)
             return None
-    except OSError:
-        return None  # another user's lock this user may not open: leave the namespace alone
     if got is False:
         return None  # a build is running: leave this namespace alone
     return lock
@@ -500,7 +514,7 @@ def gc(
                 shutil.rmtree(entry, ignore_errors=True)
     kept: list[tuple[float, int, Namespace]] = []
     for ns in _namespaces(root, trust):
-        lock = _lock(ns, all_users)
+        lock = _lock(ns, sweep)
         if lock is None:
             continue
         try:
@@ -524,7 +538,7 @@ def gc(
         for used, size, ns in sorted(kept, key=lambda t: t[0]):
             if total <= max_bytes:
                 break
-            lock = _lock(ns, all_users)
+            lock = _lock(ns, sweep)
             if lock is None:
                 continue
             try:

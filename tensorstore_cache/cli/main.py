@@ -12,13 +12,14 @@ import contextlib
 import csv
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -294,14 +295,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    removed = gc(
-        args.cache_dir,
-        older_than=None if args.older_than is None else args.older_than * 86400.0,
-        max_bytes=args.max_size,
-        dry_run=args.dry_run,
-        share_with=args.share_with,
-        all_users=args.all_users,
-    )
+    with _warnings_to_stderr():  # what gc kept of other users' files, and why
+        removed = gc(
+            args.cache_dir,
+            older_than=None if args.older_than is None else args.older_than * 86400.0,
+            max_bytes=args.max_size,
+            dry_run=args.dry_run,
+            share_with=args.share_with,
+            all_users=args.all_users,
+        )
     verb = "would remove" if args.dry_run else "removed"
     for r in removed:
         print(f"{verb} {r.kind} {r.path} ({_human(r.bytes)}): {r.reason}")
@@ -461,6 +463,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", type=_positive_int, default=None, help="tiles per row")
     p.set_defaults(func=cmd_preview)
     return parser
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Print the library's logged warnings on stderr, one line each, while the block runs."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"{PROG}: warning: %(message)s"))
+    log = logging.getLogger("tensorstore_cache")
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
 
 
 def _printable(text: str) -> str:

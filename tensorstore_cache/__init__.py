@@ -24,7 +24,9 @@ from .errors import (
     StoreExistsError,
     StoreLockedError,
     StoreNotFoundError,
+    StorePermissionWarning,
     TensorStoreCacheError,
+    UntrustedCacheError,
 )
 from .format.spec import FORMAT_VERSION, StoreSpec
 from .format.verify import VerifyReport
@@ -45,8 +47,10 @@ __all__ = [
     "StoreExistsError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StorePermissionWarning",
     "StoreSpec",
     "TensorStoreCacheError",
+    "UntrustedCacheError",
     "VerifyReport",
     "__version__",
     "build_store",

@@ -27,11 +27,12 @@ from .format.keys import normalize_keys
 from .format.metadata import GROUP
 from .format.verify import Problem, VerifyReport, verify_segment, verify_segments
 from .fs.temp import remove_tree
+from .fs.trust import Trust, resolve_trust
 from .loaders import Loader, resolve_loader
 from .reader.store import CacheStore, open_directory
 from .remote.fetch import fetch_store
 from .remote.upload import check_target, staging_dir, upload_store
-from .remote.urls import file_url_path, is_url
+from .remote.urls import file_url_path, is_url, open_url_dir
 from .writer.build import BuildOptions, build
 
 __all__ = ["build_store", "cached", "open_store", "verify_store"]
@@ -42,6 +43,7 @@ def open_store(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    share_with: str | int | None = None,
 ) -> CacheStore:
     """Open a store read-only, mapping its files (no data is read or copied).
 
@@ -61,6 +63,10 @@ def open_store(
     storage_options
         For URLs: options of the fsspec filesystem (credentials,
         ``endpoint_url``, ...).
+    share_with
+        For URLs: the node copy lies in a cache shared with this group (a
+        name or a numeric gid; default ``$TSC_CACHE_GROUP``, else a private
+        cache); see :func:`cached`.
 
     Returns
     -------
@@ -73,6 +79,16 @@ def open_store(
         If there is no store at ``path``.
     CorruptStoreError
         If its metadata is invalid or its index files are damaged.
+    UntrustedCacheError
+        For URLs: if the node copy, or a directory above it, could have been
+        written by someone the cache does not trust (see :func:`cached`).
+
+    Warns
+    -----
+    StorePermissionWarning
+        Once, if a directory or file of a store named by its path can be
+        written by other users: opening it is your choice (like opening any
+        file), but they could change what it returns.
 
     Examples
     --------
@@ -83,37 +99,51 @@ def open_store(
     if isinstance(path, str) and is_url(path):
         local = file_url_path(path)
         if local is None:
-            return _open_url(path, cache_dir, storage_options)
+            return _open_url(path, cache_dir, storage_options, resolve_trust(share_with))
         path = local
     root = Path(os.fspath(path))
+    trust = Trust.explicit(root)  # a path the user names: warned about, never refused
     if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
-        return open_namespace(root)
-    return open_directory(root)
+        return open_namespace(root, trust=trust)
+    return open_directory(root, trust=trust)
 
 
 def _open_url(
-    url: str, cache_dir: str | os.PathLike[str] | None, storage_options: Mapping[str, Any] | None
+    url: str,
+    cache_dir: str | os.PathLike[str] | None,
+    storage_options: Mapping[str, Any] | None,
+    trust: Trust,
 ) -> CacheStore:
     """Open the store at ``url`` through this node's copy (made first if missing)."""
-    local = fetch_store(url, cache_dir=cache_dir, storage_options=storage_options)
+    local = fetch_store(url, cache_dir=cache_dir, storage_options=storage_options, trust=trust)
     return _open_copy(url, str(local), None if cache_dir is None else os.fspath(cache_dir),
-                      None if storage_options is None else dict(storage_options))
+                      None if storage_options is None else dict(storage_options), trust)
 
 
 def _open_copy(
-    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None
+    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None,
+    trust: Trust,
 ) -> CacheStore:
+    # opened from the checked directory of the URL in the node cache, under the cache's rules;
     # pickled, the store reopens this node's copy when it exists (no request), else the URL
-    return open_directory(local, reopen=(_reopen_url, (url, local, cache_dir, storage_options)))
+    parent = open_url_dir(url, cache_dir, trust)
+    try:
+        return open_directory(
+            local, reopen=(_reopen_url, (url, local, cache_dir, storage_options, trust)),
+            trust=trust, parent_fd=parent,
+        )
+    finally:
+        os.close(parent)
 
 
 def _reopen_url(
-    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None
+    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None,
+    trust: Trust,
 ) -> CacheStore:
     """Unpickle a store opened from a URL: its local copy if this node has it, else the URL."""
     if os.path.isfile(os.path.join(local, GROUP)):
-        return _open_copy(url, local, cache_dir, storage_options)
-    return _open_url(url, cache_dir, storage_options)
+        return _open_copy(url, local, cache_dir, storage_options, trust)
+    return _open_url(url, cache_dir, storage_options, trust)
 
 
 def build_store(
@@ -131,6 +161,7 @@ def build_store(
     executor: Executor | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    share_with: str | int | None = None,
 ) -> CacheStore:
     """Build a store of one vector per distinct path, publish it atomically, open it.
 
@@ -186,6 +217,10 @@ def build_store(
         ``$TSC_CACHE_DIR``, else ``~/.cache/tensorstore_cache``).
     storage_options
         For a URL ``out``: options of the fsspec filesystem.
+    share_with
+        For a URL ``out``: the local copy lies in a cache shared with this
+        group (default ``$TSC_CACHE_GROUP``, else private); see :func:`cached`.
+        A store at a path you name gets your umask's modes.
 
     Returns
     -------
@@ -233,14 +268,15 @@ def build_store(
         target = Path(os.fspath(out))
         build(keys, target, options)
         return open_directory(target)
-    staging = staging_dir(url, cache_dir)
+    trust = resolve_trust(share_with)
+    staging = staging_dir(url, cache_dir, trust=trust)
     try:  # built locally, uploaded, and kept as this node's copy
-        build(keys, staging / "store", dataclasses.replace(options, overwrite=False))
+        build(keys, staging / "store", dataclasses.replace(options, overwrite=False, trust=trust))
         upload_store(staging / "store", url, overwrite=overwrite, cache_dir=cache_dir,
-                     storage_options=storage_options)
+                     storage_options=storage_options, trust=trust)
     finally:
         remove_tree(staging)
-    return _open_url(url, cache_dir, storage_options)
+    return _open_url(url, cache_dir, storage_options, trust)
 
 
 def cached(
@@ -258,6 +294,7 @@ def cached(
     on_stale: OnStale = "rebuild",
     lock_timeout: float | None = None,
     executor: Executor | None = None,
+    share_with: str | int | None = None,
 ) -> CacheStore:
     """Return a store holding the vector of every path, computing only what is missing.
 
@@ -315,6 +352,16 @@ def cached(
     lock_timeout
         Seconds to wait at most for another process's build
         (:class:`StoreLockedError` afterwards); ``None`` waits as long as it runs.
+    share_with
+        Share the cache with the members of this group (a group name or a
+        numeric gid; default ``$TSC_CACHE_GROUP``, else a private cache).
+        Private: only what you or root own and nobody else can write is read,
+        and directories are created ``0o700``, files ``0o600``. Shared: what
+        any member of the group owns is read (group-owned, not
+        world-writable), directories are created group-owned, setgid
+        ``0o2770``, files ``0o640`` (``0o660`` for lock files and
+        ``last_used``), and each item is computed once for all members.
+        Every member must pass the same group.
 
     Returns
     -------
@@ -331,8 +378,15 @@ def cached(
         If called, for this cache, by the loader of its build or by one of
         that build's worker processes (instead of waiting for ever for the
         build's own lock).
+    UntrustedCacheError
+        If a directory or file of the cache is owned by someone else or
+        writable by others (or, shared, by a non-member), before anything in
+        it is read; the message names the path, its owner and mode, and the fix.
     ValueError
-        If a custom loader has no ``loader_id``, or an option is invalid.
+        If a custom loader has no ``loader_id``, an option is invalid, or
+        ``share_with`` names no group.
+    PermissionError
+        If you are not a member of the ``share_with`` group.
 
     Examples
     --------
@@ -350,6 +404,7 @@ def cached(
         on_error=on_error,
         progress=progress,
         executor=executor,
+        trust=resolve_trust(share_with),
     )
     root = Path(os.fspath(cache_dir)) if cache_dir is not None else config.default_cache_dir()
     keys = list(dict.fromkeys(normalize_keys(paths)))

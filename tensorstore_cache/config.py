@@ -9,6 +9,9 @@ Environment variables
 ``TSC_CACHE_DIR``
     The default cache directory of :func:`~tensorstore_cache.cached`,
     :func:`~tensorstore_cache.gc` and remote stores.
+``TSC_CACHE_GROUP``
+    The group caches are shared with (a group name or a numeric gid) when
+    ``share_with`` is not given; unset or empty: private caches.
 ``TSC_CACHE_LOCKS``
     ``0`` (or ``off``/``false``/``no``) turns file locking off, for mounts where
     ``flock`` hangs.
@@ -23,6 +26,7 @@ from typing import Any, Literal, get_args
 __all__ = [
     "BUILD_MARK",
     "CACHE_DIR_ENV",
+    "CACHE_GROUP_ENV",
     "FETCH_MARK",
     "GC_MARK",
     "LOCKS_ENV",
@@ -44,6 +48,8 @@ __version__ = "0.1.0"
 
 #: Environment variable naming the default cache directory.
 CACHE_DIR_ENV = "TSC_CACHE_DIR"
+#: Environment variable naming the group caches are shared with (a name or a numeric gid).
+CACHE_GROUP_ENV = "TSC_CACHE_GROUP"
 #: Environment variable that turns file locking off when set to ``0``.
 LOCKS_ENV = "TSC_CACHE_LOCKS"
 

@@ -11,7 +11,10 @@ exception a caller would already catch for the same situation::
     ├── StaleSourceError (ValueError)        cached entries whose source changed since
     ├── StoreExistsError (FileExistsError)   the build target already exists
     ├── StoreLockedError (TimeoutError)      waiting for another builder's lock timed out
-    └── StoreNotFoundError (FileNotFoundError)  no store at the given location
+    ├── StoreNotFoundError (FileNotFoundError)  no store at the given location
+    └── UntrustedCacheError (PermissionError)   a cache file someone untrusted could have written
+
+    StorePermissionWarning (UserWarning)     a store opened by path that others can write
 
 Errors keep their data as attributes and survive pickling, so they travel
 unchanged from worker processes to the caller.
@@ -31,7 +34,9 @@ __all__ = [
     "StoreExistsError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StorePermissionWarning",
     "TensorStoreCacheError",
+    "UntrustedCacheError",
 ]
 
 
@@ -168,3 +173,50 @@ class StoreLockedError(TensorStoreCacheError, TimeoutError):
 
 class StoreNotFoundError(TensorStoreCacheError, FileNotFoundError):
     """There is no store at the given location."""
+
+
+class UntrustedCacheError(TensorStoreCacheError, PermissionError):
+    """A cache directory or file could have been written by someone the cache must not trust.
+
+    Raised before anything in it is read: by :func:`~tensorstore_cache.cached`
+    and for the node-local copies of remote stores, when a directory or file is
+    owned by another user, or writable by others (see the README, "Private and
+    shared caches"). The message names the path, its owner and mode, and the fix.
+
+    Attributes
+    ----------
+    path : str
+        The refused directory or file.
+    uid, gid : int
+        Its owner and group.
+    mode : int
+        Its ``st_mode``.
+    reason : str
+        Why, in a few words (``"owned by uid 1001"``), as ``tensorstore-cache ls`` shows it.
+    """
+
+    def __init__(
+        self, message: str, path: str = "", uid: int = -1, gid: int = -1, mode: int = 0,
+        reason: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.uid = uid
+        self.gid = gid
+        self.mode = mode
+        self.reason = reason
+
+    def __str__(self) -> str:  # PermissionError would format (errno, strerror) otherwise
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.path, self.uid, self.gid, self.mode, self.reason))
+
+
+class StorePermissionWarning(UserWarning):
+    """A store opened by its path has directories or files that other users can write.
+
+    Opening a store you name is your choice, like opening any file, so it is
+    not refused; this warning (once per store) says that someone else could
+    change what it returns.
+    """

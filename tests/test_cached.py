@@ -179,13 +179,10 @@ def test_multi_part_rows_paths_and_lookups_agree(tmp_path: Path, cache: Path) ->
 def test_namespace_collected_while_opening_is_rebuilt(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tensorstore_cache.cache.cached as cache_mod
-    from tensorstore_cache.cache.namespace import open_parts
-
     keys = write_sources(tmp_path / "src", 5)
     log = tmp_path / "log"
     tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), progress=False)
-    real = open_parts
+    real = Namespace.open_parts
     state = {"first": True}
 
     def collected_first(*args: Any, **kwargs: Any) -> tsc.CacheStore:
@@ -193,7 +190,7 @@ def test_namespace_collected_while_opening_is_rebuilt(
             assert [r.kind for r in tsc.gc(cache, older_than=0)] == ["namespace"]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cache_mod, "open_parts", collected_first)
+    monkeypatch.setattr(Namespace, "open_parts", collected_first)
     store = tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), progress=False)
     np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
     assert calls(log) == Counter({k: 2 for k in keys})

@@ -432,7 +432,7 @@ def test_an_open_store_never_mixes_with_its_replacement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
 ) -> None:
     """build_store(overwrite=True) under a reader: old rows or a clear error, never new rows."""
-    from tensorstore_cache.fs import durable as _jsonio
+    from tensorstore_cache.fs import renames as _jsonio
     from tensorstore_cache.writer import assemble
 
     if not exchange:

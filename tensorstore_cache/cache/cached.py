@@ -29,7 +29,7 @@ from ..writer.build import BuildOptions, build, build_dir_target, collect_debris
 from ..writer.reentry import building
 from .compact import merge_start, write_merged
 from .fingerprint import fingerprint, namespace_name
-from .namespace import Manifest, Namespace, open_parts
+from .namespace import Manifest, Namespace
 
 __all__ = ["CacheOptions", "cached_store"]
 
@@ -64,15 +64,18 @@ def cached_store(cache_dir: Path, keys: list[str], options: CacheOptions) -> Cac
     """
     info = options.build.loader
     fp = fingerprint(info.loader_id, info.params, options.build.dtype)
-    ns = Namespace(cache_dir.expanduser() / namespace_name(fp), fp)
-    for attempt in range(3):
-        try:
-            return _get_or_build(ns, keys, options)
-        except StoreNotFoundError:
-            if attempt == 2:
-                raise
-            # gc removed the namespace (or a part) while we opened it: start afresh
-            logger.info("%s was collected while in use; retrying", ns.root.name)
+    ns = Namespace(cache_dir.expanduser() / namespace_name(fp), fp, trust=options.build.trust)
+    try:
+        for attempt in range(3):
+            try:
+                return _get_or_build(ns, keys, options)
+            except StoreNotFoundError:
+                if attempt == 2:
+                    raise
+                # gc removed the namespace (or a part) while we opened it: start afresh
+                logger.info("%s was collected while in use; retrying", ns.root.name)
+    finally:
+        ns.close()  # the store returned holds its own descriptors
     raise AssertionError("unreachable")
 
 
@@ -109,11 +112,11 @@ def _plan(
 def _open(ns: Namespace, manifest: Manifest | None, *, pin: bool) -> CacheStore | None:
     if manifest is None or not manifest.parts:
         return None
-    return open_parts(str(ns.root), manifest.parts, pin=pin)
+    return ns.open_parts(manifest.parts, pin=pin)
 
 
 def _empty(ns: Namespace, item_shape: tuple[int, ...] | None) -> CacheStore:
-    store = open_parts(str(ns.root), [], pin=False)
+    store = ns.open_parts([], pin=False)
     if item_shape is not None:
         spec = dataclasses.replace(store.spec, item_shape=item_shape)
         store = CacheStore([], spec, str(ns.root))
@@ -214,7 +217,7 @@ def _build_part(
                 f"{loader.loader_id!r}; if the loader's output changed, give it a new loader_id"
             )
         raise
-    store = open_directory(target)
+    store = open_directory(target, trust=ns.trust)
     try:
         n = len(store)
         built = store.paths if hashes is not None else []
@@ -225,7 +228,7 @@ def _build_part(
         return None
     if hashes is not None:
         by_key = dict(zip(todo, hashes.tolist(), strict=True))
-        write_hashes(target, np.array([by_key[k] for k in built], np.uint64))
+        write_hashes(target, np.array([by_key[k] for k in built], np.uint64), trust=ns.trust)
     return part
 
 
@@ -248,7 +251,7 @@ def _publish_part(ns: Namespace, part: str, keys: list[str]) -> Manifest | None:
                 view.close()
         parts = [*(base.parts if base is not None else ()), part]
         if shape is None:
-            with open_parts(str(ns.root), [part], pin=False) as own:
+            with ns.open_parts([part], pin=False) as own:
                 shape = own.spec.item_shape
         published = ns.publish(
             parts, base=base.generation if base is not None else 0, entries=entries, item_shape=shape
@@ -273,7 +276,7 @@ def _maybe_compact(ns: Namespace, manifest: Manifest) -> None:
         sub = CacheStore(segments[start:], view.spec, view.location)
         part = ns.new_part_id()
         logger.info("merging %d parts of %s into %s", len(segments) - start, ns.root.name, part)
-        write_merged(sub, ns.part_dir(part))
+        write_merged(sub, ns.part_dir(part), trust=ns.trust)
     finally:
         view.close()
     published = ns.publish(

@@ -20,6 +20,7 @@ from ..format.hashes import write_hashes
 from ..format.metadata import VECTORS
 from ..format.spec import StoreSpec
 from ..fs.temp import remove_tree
+from ..fs.trust import Trust, make_dir
 from ..reader.store import CacheStore
 from ..writer.assemble import finish_store, publish, rewrite_rows
 from ..writer.build import default_workers, rows_per_shard, temp_dir
@@ -52,7 +53,7 @@ def merge_start(part_rows: Sequence[int], dead_rows: int) -> int | None:
     return 0
 
 
-def write_merged(view: CacheStore, target: Path) -> int:
+def write_merged(view: CacheStore, target: Path, *, trust: Trust) -> int:
     """Write every live entry of ``view`` as one new store at ``target``; return its size.
 
     Parameters
@@ -61,6 +62,8 @@ def write_merged(view: CacheStore, target: Path) -> int:
         A store over the parts to merge (later parts override earlier ones).
     target
         The new part directory; must not exist.
+    trust
+        The cache's policy: the modes of what is created.
     """
     keys = view.paths
     n = len(keys)
@@ -76,18 +79,19 @@ def write_merged(view: CacheStore, target: Path) -> int:
         created_unix=time.time(),
     )
     tmp = temp_dir(target)
-    tmp.mkdir()
+    make_dir(tmp, trust, exist_ok=False)
     try:
-        (tmp / VECTORS).mkdir()
-        files = rewrite_rows(tmp, spec, view.take)
+        make_dir(tmp / VECTORS, trust, exist_ok=False)
+        files = rewrite_rows(tmp, spec, view.take, trust)
         meta = finish_store(
-            tmp, spec, files, keys=keys, sizes=recorded.size, mtimes=recorded.mtime_ns
+            tmp, spec, files, keys=keys, sizes=recorded.size, mtimes=recorded.mtime_ns,
+            trust=trust,
         )
-        publish(tmp, target, meta, overwrite=False)
+        publish(tmp, target, meta, overwrite=False, trust=trust)
     except BaseException:
         remove_tree(tmp)
         raise
     hashes = recorded.content_hash
     if hashes is not None and np.any(hashes != 0):
-        write_hashes(target, hashes)
+        write_hashes(target, hashes, trust=trust)
     return n

@@ -28,16 +28,18 @@ import re
 import socket
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptStoreError, StoreNotFoundError
+from ..errors import CorruptStoreError, StoreNotFoundError, UntrustedCacheError
 from ..format.metadata import shard_count
 from ..format.spec import StoreSpec
 from ..fs.durable import fsync_dir, write_json_durable
 from ..fs.locks import BuildLock, ReaderHold
-from ..fs.safe import read_json
+from ..fs.safe import parse_json_fd
+from ..fs.trust import Trust, create_file, open_dir, open_file, open_root
 from ..reader.overlay import Overlay
 from ..reader.segment import Segment
 from ..reader.store import CacheStore
@@ -74,33 +76,93 @@ def is_namespace(root: Path) -> bool:
 class Namespace:
     """The files of one namespace directory.
 
+    Everything is read through descriptors opened from the cache directory
+    down and checked against ``trust`` (owner and mode, see
+    :mod:`tensorstore_cache.fs.trust`): the cache directory, the namespace,
+    ``manifests/`` and ``parts/`` once (again at every :meth:`ensure`), each
+    file when it is read.
+
     Parameters
     ----------
     root
         The namespace directory.
     fp
         Its fingerprint, when known (required to create it).
+    trust
+        Whose files may be read, and the modes of those created (default: the
+        current user's private cache). ``Trust.explicit`` opens a namespace the
+        user named by its path (checked only from there down, warned about).
     """
 
-    def __init__(self, root: Path, fp: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, root: Path, fp: dict[str, Any] | None = None, *, trust: Trust | None = None
+    ) -> None:
         self.root = root
         self.fp = fp
+        self.trust = trust if trust is not None else Trust.private()
         self.parts_dir = root / "parts"
         self.manifests_dir = root / "manifests"
         self.lock_path = root / "lock"
         self.last_used_path = root / "last_used"
+        self._fds: dict[str, int] = {}
+        self._closer = weakref.finalize(self, _close_all, self._fds)
+
+    # -- descriptors ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the directory descriptors (they are reopened when needed)."""
+        _close_all(self._fds)
+
+    def _dir(self, create: bool = False) -> int:
+        """The checked descriptor of the namespace directory."""
+        fd = self._fds.get(".")
+        if fd is None:
+            if self.trust.kind == "explicit":
+                fd = open_root(self.root, self.trust, create=create)
+            else:
+                top = open_root(self.root.parent, self.trust, create=create)
+                try:
+                    fd = open_dir(self.root.name, self.trust, dir_fd=top, create=create,
+                                  shown=self.root)
+                finally:
+                    os.close(top)
+            self._fds["."] = fd
+        return fd
+
+    def _sub(self, name: str, create: bool = False) -> int:
+        """The checked descriptor of ``manifests/`` or ``parts/``."""
+        fd = self._fds.get(name)
+        if fd is None:
+            fd = open_dir(name, self.trust, dir_fd=self._dir(create), create=create,
+                          shown=self.root / name)
+            self._fds[name] = fd
+        return fd
+
+    def _read(self, name: str, dir_fd: int, path: Path, max_bytes: int) -> dict[str, Any]:
+        try:
+            fd = open_file(name, self.trust, dir_fd=dir_fd, shown=path)
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"{path} does not exist") from None
+        return parse_json_fd(fd, path, max_bytes=max_bytes)
 
     # -- creation and identity ------------------------------------------------
 
     def ensure(self) -> None:
-        """Create the directories and ``namespace.json`` if missing; check it otherwise."""
+        """Create the directories and ``namespace.json`` if missing; check it otherwise.
+
+        The directories are (re)opened and checked here: a namespace that
+        housekeeping removed meanwhile is recreated, and used from then on.
+        """
         assert self.fp is not None
-        self.parts_dir.mkdir(parents=True, exist_ok=True)
-        self.manifests_dir.mkdir(exist_ok=True)
+        self.close()
+        self._sub("parts", create=True)
+        self._sub("manifests", create=True)
         info = self.root / _INFO
-        if not info.exists():
+        try:
+            os.stat(_INFO, dir_fd=self._dir(), follow_symlinks=False)
+        except FileNotFoundError:
             tmp = self.root / f".{_INFO}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-            write_json_durable(tmp, self.fp)
+            write_json_durable(tmp, self.fp, trust=self.trust)
             try:
                 os.link(tmp, info)
             except FileExistsError:
@@ -122,34 +184,45 @@ class Namespace:
 
     def info(self) -> dict[str, Any]:
         """Return ``namespace.json``."""
-        info = read_json(self.root / _INFO, max_bytes=1 << 20)
+        path = self.root / _INFO
+        try:
+            ns_fd = self._dir()
+        except (FileNotFoundError, NotADirectoryError):
+            raise StoreNotFoundError(f"no cache namespace at {str(self.root)!r}") from None
+        info = self._read(_INFO, ns_fd, path, 1 << 20)
         if info.get("kind") != NAMESPACE_KIND or not isinstance(info.get("loader_id"), str):
             raise CorruptStoreError(
-                f"{self.root / _INFO} is not a tensorstore_cache namespace description",
-                str(self.root / _INFO),
+                f"{path} is not a tensorstore_cache namespace description", str(path)
             )
         return info
 
     def touch(self) -> None:
         """Mark the namespace as used now (for age- and LRU-based collection)."""
         try:
-            os.utime(self.last_used_path)
-        except FileNotFoundError:
-            with contextlib.suppress(OSError):
-                self.last_used_path.touch()
+            fd = create_file("last_used", self.trust, dir_fd=self._dir(), kind="member-write",
+                             exclusive=False, shown=self.last_used_path)
+        except UntrustedCacheError:
+            raise
         except OSError:
-            pass  # a read-only cache: usage is not recorded
+            return  # a read-only cache: usage is not recorded
+        try:
+            os.utime(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def lock(self) -> BuildLock:
         """Return the namespace's build lock (not yet taken)."""
-        return BuildLock(self.lock_path, prepare=self.ensure if self.fp is not None else None)
+        return BuildLock(self.lock_path, prepare=self.ensure if self.fp is not None else None,
+                         trust=self.trust)
 
     # -- manifests ------------------------------------------------------------
 
     def generations(self) -> list[int]:
         """Return every manifest generation on disk, ascending."""
         try:
-            names = os.listdir(self.manifests_dir)
+            names = os.listdir(self._sub("manifests"))
         except FileNotFoundError:
             return []
         gens = [int(m.group(1)) for n in names if (m := _MANIFEST_NAME.fullmatch(n))]
@@ -167,7 +240,7 @@ class Namespace:
     def read_manifest(self, generation: int) -> Manifest:
         """Read and validate manifest ``generation``."""
         path = self.manifest_path(generation)
-        raw = read_json(path, max_bytes=_MAX_MANIFEST)
+        raw = self._read(path.name, self._sub("manifests"), path, _MAX_MANIFEST)
         where = str(path)
         parts = raw.get("parts")
         entries = raw.get("entries")
@@ -214,7 +287,7 @@ class Namespace:
         }
         target = self.manifest_path(generation)
         tmp = self.manifests_dir / f".{generation}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-        write_json_durable(tmp, value)
+        write_json_durable(tmp, value, trust=self.trust)
         try:
             try:
                 os.link(tmp, target)  # atomic, fails if the name exists (also over NFS)
@@ -238,6 +311,52 @@ class Namespace:
         """Return the directory of part ``part``."""
         return self.parts_dir / part
 
+    def open_parts(self, parts: tuple[str, ...] | list[str], *, pin: bool = True) -> CacheStore:
+        """Open exactly ``parts`` of this namespace as one store (see :func:`open_parts`)."""
+        root = self.root
+        info = self.info()
+        holds: list[ReaderHold] = []
+        segments: list[Segment] = []
+        try:
+            parts_fd = self._sub("parts") if parts else -1
+            for part in parts:
+                if not _PART_ID.fullmatch(part):
+                    raise CorruptStoreError(f"{part!r} is not a part id", str(root))
+                pdir = self.part_dir(part)
+                if pin:
+                    holds.append(ReaderHold(pdir / "zarr.json"))
+                try:
+                    seg = Segment(pdir, trust=self.trust, parent_fd=parts_fd)
+                except StoreNotFoundError:
+                    raise StoreNotFoundError(
+                        f"part {part} of the cache {str(root)!r} no longer exists (housekeeping "
+                        "removes parts no longer current, or the whole namespace was collected); "
+                        "call tensorstore_cache.cached() again to get the current store"
+                    ) from None
+                _check_segment(seg, info, root)
+                if pin:
+                    for k in range(shard_count(seg.spec)):
+                        seg.shard(k)
+                segments.append(seg)
+            spec = _view_spec(segments, info)
+        except BaseException:
+            for seg in segments:
+                seg.close()
+            for hold in holds:
+                hold.close()
+            raise
+        return CacheStore(
+            segments, spec, str(root), reopen=(_reopen_parts, (str(root), tuple(parts), self.trust)),
+            resources=holds,
+        )
+
+
+def _close_all(fds: dict[str, int]) -> None:
+    while fds:
+        _name, fd = fds.popitem()
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
 
 def _check_segment(seg: Segment, info: dict[str, Any], root: Path) -> None:
     spec = seg.spec
@@ -257,7 +376,11 @@ def _check_segment(seg: Segment, info: dict[str, Any], root: Path) -> None:
 
 
 def open_parts(
-    location: str, parts: tuple[str, ...] | list[str], *, pin: bool = True
+    location: str,
+    parts: tuple[str, ...] | list[str],
+    *,
+    pin: bool = True,
+    trust: Trust | None = None,
 ) -> CacheStore:
     """Open exactly ``parts`` of the namespace at ``location`` as one store.
 
@@ -271,47 +394,26 @@ def open_parts(
         Take a reader's hold on every part (housekeeping then keeps it while
         this store is open) and map every shard now, so that the store keeps
         working even if the namespace is deleted afterwards.
+    trust
+        Whose files may be read (default: the current user's private cache).
 
     Raises
     ------
     StoreNotFoundError
         If a part was removed (by housekeeping after it stopped being current).
+    UntrustedCacheError
+        If a directory or file fails ``trust``.
     """
-    root = Path(location)
-    ns = Namespace(root)
-    info = ns.info()
-    holds: list[ReaderHold] = []
-    segments: list[Segment] = []
+    ns = Namespace(Path(location), trust=trust)
     try:
-        for part in parts:
-            if not _PART_ID.fullmatch(part):
-                raise CorruptStoreError(f"{part!r} is not a part id", str(root))
-            pdir = ns.part_dir(part)
-            if pin:
-                holds.append(ReaderHold(pdir / "zarr.json"))
-            try:
-                seg = Segment(pdir)
-            except StoreNotFoundError:
-                raise StoreNotFoundError(
-                    f"part {part} of the cache {str(root)!r} no longer exists (housekeeping "
-                    "removes parts no longer current, or the whole namespace was collected); "
-                    "call tensorstore_cache.cached() again to get the current store"
-                ) from None
-            _check_segment(seg, info, root)
-            if pin:
-                for k in range(shard_count(seg.spec)):
-                    seg.shard(k)
-            segments.append(seg)
-        spec = _view_spec(segments, info)
-    except BaseException:
-        for seg in segments:
-            seg.close()
-        for hold in holds:
-            hold.close()
-        raise
-    return CacheStore(
-        segments, spec, str(root), reopen=(open_parts, (str(root), tuple(parts))), resources=holds
-    )
+        return ns.open_parts(parts, pin=pin)
+    finally:
+        ns.close()
+
+
+def _reopen_parts(location: str, parts: tuple[str, ...], trust: Trust) -> CacheStore:
+    """Unpickle a store of a namespace: the same parts, under the same rules."""
+    return open_parts(location, parts, trust=trust)
 
 
 def _view_spec(segments: list[Segment], info: dict[str, Any]) -> StoreSpec:
@@ -356,28 +458,34 @@ def _still_skipped(segments: list[Segment]) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-def open_namespace(root: Path, *, pin: bool = True) -> CacheStore:
+def open_namespace(root: Path, *, pin: bool = True, trust: Trust | None = None) -> CacheStore:
     """Open the current generation of the namespace at ``root``.
+
+    ``trust`` defaults to a namespace the user names by its path (warned
+    about if others can write it, never refused).
 
     Raises
     ------
     StoreNotFoundError
         If nothing was published in it yet.
     """
-    ns = Namespace(root)
-    for _attempt in range(5):
-        manifest = ns.current()
-        if manifest is None:
-            raise StoreNotFoundError(
-                f"the cache namespace {str(root)!r} holds nothing yet; fill it with "
-                "tensorstore_cache.cached()"
-            )
-        try:
-            store = open_parts(str(root), manifest.parts, pin=pin)
-        except StoreNotFoundError:
-            if ns.current() == manifest:
-                raise
-            continue  # a newer generation replaced it meanwhile: open that one
-        ns.touch()
-        return store
+    ns = Namespace(root, trust=trust if trust is not None else Trust.explicit(root))
+    try:
+        for _attempt in range(5):
+            manifest = ns.current()
+            if manifest is None:
+                raise StoreNotFoundError(
+                    f"the cache namespace {str(root)!r} holds nothing yet; fill it with "
+                    "tensorstore_cache.cached()"
+                )
+            try:
+                store = ns.open_parts(manifest.parts, pin=pin)
+            except StoreNotFoundError:
+                if ns.current() == manifest:
+                    raise
+                continue  # a newer generation replaced it meanwhile: open that one
+            ns.touch()
+            return store
+    finally:
+        ns.close()
     raise StoreNotFoundError(f"the cache namespace {str(root)!r} changes too fast to be opened")

@@ -12,13 +12,14 @@ import contextlib
 import csv
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -249,7 +250,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    caches = list_caches(args.cache_dir)
+    caches = list_caches(args.cache_dir, share_with=args.share_with)
     if args.json:
         out = []
         for c in caches:
@@ -263,33 +264,46 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(f"no caches in {args.cache_dir or config.default_cache_dir()}")
         return 0
     now = datetime.now(UTC)
-    table = [("NAMESPACE", "LOADER", "VECTOR", "ENTRIES", "SIZE", "LAST USED", "")]
+    table = [("NAMESPACE", "OWNER", "MODE", "LOADER", "VECTOR", "ENTRIES", "SIZE", "LAST USED", "")]
     for c in caches:
         shape = "x".join(str(d) for d in c.item_shape) if c.item_shape else "-"
+        note = f"REFUSED: {c.refused}" if c.refused else ""
+        if c.building:
+            note = f"{note}; building: {c.building}" if note else f"building: {c.building}"
         table.append((
-            c.namespace,
-            c.loader_id,
+            _printable(c.namespace),
+            f"{c.owner}:{c.group}",
+            c.mode,
+            _printable(c.loader_id),
             f"{shape} {c.dtype}",
             f"{c.entries:,}",
             _human(c.bytes),
             f"{age_text((now - c.last_used).total_seconds())} ago",
-            f"building: {c.building}" if c.building else "",
+            _printable(note),
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     total = sum(c.bytes for c in caches)
     print(f"{len(caches)} cache(s), {_human(total)} in {caches[0].path.rsplit('/', 1)[0]}")
+    refused = sum(1 for c in caches if c.refused)
+    if refused:
+        how = "" if args.share_with else " (or --share-with GROUP for a shared cache)"
+        print(f"{refused} cache(s) marked REFUSED would be refused by cached(): someone else "
+              f"owns or can write them; see --json for how to fix each{how}")
     return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    removed = gc(
-        args.cache_dir,
-        older_than=None if args.older_than is None else args.older_than * 86400.0,
-        max_bytes=args.max_size,
-        dry_run=args.dry_run,
-    )
+    with _warnings_to_stderr():  # what gc kept of other users' files, and why
+        removed = gc(
+            args.cache_dir,
+            older_than=None if args.older_than is None else args.older_than * 86400.0,
+            max_bytes=args.max_size,
+            dry_run=args.dry_run,
+            share_with=args.share_with,
+            all_users=args.all_users,
+        )
     verb = "would remove" if args.dry_run else "removed"
     for r in removed:
         print(f"{verb} {r.kind} {r.path} ({_human(r.bytes)}): {r.reason}")
@@ -393,10 +407,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("ls", help="list the caches of a cache directory", **sub_kw,
-                       description="List the caches made by tensorstore_cache.cached(): loader, "
-                       "vector shape, entries, size and when each was last used.")
+                       description="List the caches made by tensorstore_cache.cached(): owner "
+                       "and mode, loader, vector shape, entries, size and when each was last "
+                       "used. Caches that cached() would refuse (owned by another user, or "
+                       "writable by others) are marked REFUSED, with the reason.")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
                    help="default: $TSC_CACHE_DIR, else ~/.cache/tensorstore_cache")
+    p.add_argument("--share-with", metavar="GROUP", default=None,
+                   help="list it as a cache shared with GROUP (default: $TSC_CACHE_GROUP, "
+                        "else private)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_ls)
 
@@ -405,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Delete leftovers of dead builds and superseded parts; with "
                        "--older-than and --max-size, whole caches too (least recently used "
                        "first). Caches being built are never touched; processes that have a "
-                       "cache open keep reading it.",
+                       "cache open keep reading it; other users' files are kept unless "
+                       "--all-users is given.",
                        epilog="example:\n  tensorstore-cache gc --older-than 30 --max-size 50G --dry-run")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
                    help="default: $TSC_CACHE_DIR, else ~/.cache/tensorstore_cache")
@@ -415,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then delete least recently used caches until at most SIZE remain "
                         "(e.g. 50G, 512M; powers of 1024)")
     p.add_argument("--dry-run", action="store_true", help="only show what would be deleted")
+    p.add_argument("--share-with", metavar="GROUP", default=None,
+                   help="the cache is shared with GROUP (default: $TSC_CACHE_GROUP, else "
+                        "private)")
+    p.add_argument("--all-users", action="store_true",
+                   help="also delete other users' files, where the system allows it (a "
+                        "member of a shared cache's group, or root); without it gc keeps "
+                        "them and says so")
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("preview", help="draw a PNG contact sheet of vectors with their paths",
@@ -436,6 +463,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", type=_positive_int, default=None, help="tiles per row")
     p.set_defaults(func=cmd_preview)
     return parser
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Print the library's logged warnings on stderr, one line each, while the block runs."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"{PROG}: warning: %(message)s"))
+    log = logging.getLogger("tensorstore_cache")
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+
+
+def _printable(text: str) -> str:
+    """``text`` without control characters (names in a shared cache are anyone's)."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _fail(message: str, status: int) -> int:

@@ -8,13 +8,15 @@ store itself stays exactly what every build writes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import CorruptStoreError
+from ..errors import CorruptStoreError, UntrustedCacheError
 from ..fs.durable import fsync_dir, write_bytes_durable
+from ..fs.trust import EXPLICIT, Trust, open_file
 
 __all__ = ["HASH_SUFFIX", "hashes_path", "read_hashes", "write_hashes"]
 
@@ -27,31 +29,65 @@ def hashes_path(root: Path) -> Path:
     return root.with_name(root.name + HASH_SUFFIX)
 
 
-def write_hashes(root: Path, hashes: npt.NDArray[np.uint64]) -> None:
-    """Write the hash side file of the part at ``root`` (hashes in row order), durably."""
-    write_bytes_durable(hashes_path(root), np.ascontiguousarray(hashes, "<u8").tobytes())
+def write_hashes(
+    root: Path, hashes: npt.NDArray[np.uint64], *, trust: Trust | None = None
+) -> None:
+    """Write the hash side file of the part at ``root`` (hashes in row order), durably.
+
+    It gets the file mode of ``trust`` (the cache's).
+    """
+    write_bytes_durable(
+        hashes_path(root), np.ascontiguousarray(hashes, "<u8").tobytes(), trust=trust
+    )
     fsync_dir(root.parent)
 
 
-def read_hashes(root: Path, n: int) -> npt.NDArray[np.uint64] | None:
+def read_hashes(
+    root: Path, n: int, *, trust: Trust | None = None, dir_fd: int | None = None
+) -> npt.NDArray[np.uint64] | None:
     """Return the recorded content hashes of the ``n`` rows of the part at ``root``, or None.
+
+    Parameters
+    ----------
+    root
+        The part directory.
+    n
+        Its rows.
+    trust
+        Checked on the side file opened (default: warn only, see
+        :func:`~tensorstore_cache.fs.trust.check_stat`).
+    dir_fd
+        A checked descriptor of the directory holding the part: the side
+        file is opened in it.
 
     Raises
     ------
     CorruptStoreError
         If the side file cannot be read or does not hold ``n`` hashes.
+    UntrustedCacheError
+        If it fails ``trust``.
     """
     path = hashes_path(root)
     try:
-        raw = path.read_bytes()
+        fd = open_file(path.name if dir_fd is not None else path, trust or EXPLICIT,
+                       dir_fd=dir_fd, shown=path)
     except FileNotFoundError:
         return None
+    except UntrustedCacheError:
+        raise
     except OSError as exc:
         raise CorruptStoreError(f"{path} cannot be read: {exc}", str(path)) from None
-    if len(raw) != 8 * n:
-        raise CorruptStoreError(
-            f"{path} is {len(raw)} bytes but its part holds {n} entries "
-            f"({8 * n} bytes expected); delete it (its entries fall back to stat checks)",
-            str(path),
-        )
+    try:
+        size = os.fstat(fd).st_size
+        if size != 8 * n:
+            raise CorruptStoreError(
+                f"{path} is {size} bytes but its part holds {n} entries "
+                f"({8 * n} bytes expected); delete it (its entries fall back to stat checks)",
+                str(path),
+            )
+        raw = os.pread(fd, size, 0) if size else b""
+    finally:
+        os.close(fd)
+    if len(raw) != size:
+        raise CorruptStoreError(f"{path} changed size while being read", str(path))
     return np.frombuffer(raw, "<u8").astype(np.uint64)

@@ -24,6 +24,7 @@ from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
 from ..fs.durable import fsync_dir, write_json_durable
 from ..fs.safe import read_json
+from ..fs.trust import Trust
 from .spec import FORMAT_VERSION, StoreSpec
 
 __all__ = [
@@ -311,11 +312,15 @@ class GroupMetadata:
         return docs
 
     @classmethod
-    def read(cls, root: Path, root_fd: int | None = None) -> GroupMetadata:
+    def read(
+        cls, root: Path, root_fd: int | None = None, *, trust: Trust | None = None
+    ) -> GroupMetadata:
         """Read and validate every metadata file of the store at ``root``.
 
         ``root_fd``, a descriptor of ``root``, makes every file be read from that
-        directory even if another one is renamed to ``root`` meanwhile.
+        directory even if another one is renamed to ``root`` meanwhile. ``trust``
+        is checked on every directory and file opened (see
+        :func:`~tensorstore_cache.fs.safe.open_regular`).
 
         Raises
         ------
@@ -327,14 +332,14 @@ class GroupMetadata:
         where = str(root / GROUP)
         try:
             if root_fd is None:
-                group = read_json(root / GROUP, max_bytes=config.MAX_GROUP_JSON)
+                group = read_json(root / GROUP, max_bytes=config.MAX_GROUP_JSON, trust=trust)
             else:
                 try:
                     os.stat(GROUP, dir_fd=root_fd, follow_symlinks=False)
                 except FileNotFoundError:
                     raise StoreNotFoundError(f"{where} does not exist") from None
                 group = read_json(root / GROUP, max_bytes=config.MAX_GROUP_JSON, root=root,
-                                  root_fd=root_fd)
+                                  root_fd=root_fd, trust=trust)
         except StoreNotFoundError:
             if _exists(root, VECTORS, root_fd):
                 raise CorruptStoreError(
@@ -346,7 +351,8 @@ class GroupMetadata:
         meta = cls.from_json(group, where)
         for name, expected in meta.array_documents().items():
             path = root / name / GROUP
-            found = read_json(path, max_bytes=config.MAX_ARRAY_JSON, root=root, root_fd=root_fd)
+            found = read_json(path, max_bytes=config.MAX_ARRAY_JSON, root=root, root_fd=root_fd,
+                              trust=trust)
             if found != expected:
                 raise CorruptStoreError(
                     f"{path} does not describe the array this store needs (dtype, shape, "
@@ -355,7 +361,10 @@ class GroupMetadata:
                 )
         return meta
 
-    def write(self, root: Path) -> None:
-        """Write the group ``zarr.json`` into ``root`` durably (it must not exist yet)."""
-        write_json_durable(root / GROUP, self.to_json())
+    def write(self, root: Path, *, trust: Trust | None = None) -> None:
+        """Write the group ``zarr.json`` into ``root`` durably (it must not exist yet).
+
+        It gets the file mode of ``trust`` (default ``0o644`` through the umask).
+        """
+        write_json_durable(root / GROUP, self.to_json(), trust=trust)
         fsync_dir(root)

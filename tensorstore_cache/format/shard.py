@@ -23,6 +23,7 @@ import numpy.typing as npt
 from ..errors import CorruptStoreError
 from ..fs.durable import write_replace
 from ..fs.safe import open_sized
+from ..fs.trust import Trust
 
 __all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "write_shard"]
 
@@ -43,7 +44,13 @@ def _index_bytes(rows: int, rows_per_shard: int, item_nbytes: int) -> bytes:
     return raw + crc.to_bytes(4, "little")
 
 
-def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int) -> tuple[int, str]:
+def write_shard(
+    path: Path,
+    block: npt.NDArray[np.generic],
+    rows_per_shard: int,
+    *,
+    trust: Trust | None = None,
+) -> tuple[int, str]:
     """Write the shard file ``path`` from ``block`` (rows x item), durably and atomically.
 
     Written with :func:`~tensorstore_cache.fs.durable.write_replace`: a reader
@@ -60,6 +67,9 @@ def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int)
         The shard's rows, shape ``(m, *item_shape)`` with ``m <= rows_per_shard``.
     rows_per_shard
         The array's shard length ``S``.
+    trust
+        Whose cache it is: the file gets its mode (default ``0o644``
+        through the umask).
 
     Returns
     -------
@@ -72,7 +82,9 @@ def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int)
     rows = data.shape[0]
     item_nbytes = data.nbytes // rows if rows else 0
     tail = _index_bytes(rows, rows_per_shard, item_nbytes)
-    return write_replace(path, [data.reshape(-1).view(np.uint8).data, memoryview(tail)])
+    return write_replace(
+        path, [data.reshape(-1).view(np.uint8).data, memoryview(tail)], trust=trust
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +125,12 @@ def open_shard(
     item_nbytes: int,
     expected_size: int,
     root_fd: int | None = None,
+    trust: Trust | None = None,
 ) -> tuple[int, npt.NDArray[np.int64] | None]:
     """Open a shard and check its size and index, reading only the index.
+
+    ``trust`` is checked on every directory and the file opened (see
+    :func:`~tensorstore_cache.fs.safe.open_regular`).
 
     Returns
     -------
@@ -130,7 +146,7 @@ def open_shard(
         If the file has the wrong size, its index checksum fails, a row is
         missing, or a row lies outside the data region.
     """
-    fd = open_sized(path, root, expected_size, root_fd)
+    fd = open_sized(path, root, expected_size, root_fd, trust=trust)
     size = expected_size
     try:
         index_len = 16 * rows_per_shard + 4

@@ -27,6 +27,7 @@ from typing import Protocol
 from ..errors import CorruptStoreError, StoreNotFoundError
 from ..fs.durable import file_digest
 from ..fs.safe import open_regular
+from ..fs.trust import Trust
 from .metadata import GroupMetadata
 
 __all__ = ["Problem", "VerifyReport", "verify_segment", "verify_segments"]
@@ -121,11 +122,11 @@ class VerifyReport:
 
 def _check_file(
     root: Path, rel: str, size: int, digest: str, report: VerifyReport, buf: bytearray,
-    root_fd: int,
+    root_fd: int, trust: Trust | None,
 ) -> None:
     path = root / rel
     try:
-        fd = open_regular(path, root, root_fd)
+        fd = open_regular(path, root, root_fd, trust=trust)
     except CorruptStoreError as exc:
         if "is missing" in str(exc):
             report.problems.append(Problem(str(path), "missing", "missing"))
@@ -197,7 +198,9 @@ def _extras(root: Path, listed: Iterable[str], root_fd: int) -> list[Problem]:
     return found
 
 
-def verify_segment(root: str | os.PathLike[str], root_fd: int | None = None) -> VerifyReport:
+def verify_segment(
+    root: str | os.PathLike[str], root_fd: int | None = None, *, trust: Trust | None = None
+) -> VerifyReport:
     """Check one store directory: metadata, then every file's size and checksum.
 
     Parameters
@@ -207,6 +210,9 @@ def verify_segment(root: str | os.PathLike[str], root_fd: int | None = None) -> 
     root_fd
         An open descriptor of that directory (an open store's): check the
         directory it refers to, even if another has been renamed to ``root``.
+    trust
+        Checked on every directory and file opened (an open store's; default:
+        a store named by its path, see :func:`~tensorstore_cache.fs.safe.open_regular`).
 
     Returns
     -------
@@ -227,7 +233,7 @@ def verify_segment(root: str | os.PathLike[str], root_fd: int | None = None) -> 
         raise StoreNotFoundError(f"no store at {str(base)!r}") from None
     try:
         try:
-            files = GroupMetadata.read(base, fd).files
+            files = GroupMetadata.read(base, fd, trust=trust).files
         except StoreNotFoundError:
             if root_fd is None:
                 raise
@@ -242,7 +248,7 @@ def verify_segment(root: str | os.PathLike[str], root_fd: int | None = None) -> 
             return report
         buf = bytearray(min(_CHUNK, max((size for size, _ in files.values()), default=0) + 1))
         for rel, (size, digest) in sorted(files.items()):
-            _check_file(base, rel, size, digest, report, buf, fd)
+            _check_file(base, rel, size, digest, report, buf, fd, trust)
         report.problems.extend(_extras(base, files, fd))
     finally:
         os.close(fd)
@@ -255,6 +261,8 @@ class _OpenDirectory(Protocol):
     def root(self) -> Path: ...
     @property
     def dir_fd(self) -> int: ...
+    @property
+    def trust(self) -> Trust: ...
 
 
 def verify_segments(location: str, segments: Iterable[_OpenDirectory]) -> VerifyReport:
@@ -267,5 +275,5 @@ def verify_segments(location: str, segments: Iterable[_OpenDirectory]) -> Verify
     """
     report = VerifyReport(location)
     for seg in segments:
-        report.extend(verify_segment(seg.root, seg.dir_fd))
+        report.extend(verify_segment(seg.root, seg.dir_fd, trust=seg.trust))
     return report

@@ -8,7 +8,6 @@ so that the crash tests can kill a writer at each one in turn.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -19,9 +18,10 @@ from typing import Any
 
 import xxhash
 
+from .trust import EXPLICIT, Trust, create_file
+
 __all__ = [
     "PARTIAL_SUFFIX",
-    "exchange_dirs",
     "file_digest",
     "fsync_dir",
     "fsync_dirs",
@@ -75,36 +75,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_RENAME_EXCHANGE = 2
-_renameat2: Any = None
-try:
-    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    _renameat2.restype = ctypes.c_int
-except (OSError, AttributeError):  # not Linux, or a C library without renameat2
-    _renameat2 = None
-
-
-def exchange_dirs(a: Path, b: Path) -> bool:
-    """Atomically swap two directory entries (Linux ``renameat2(RENAME_EXCHANGE)``).
-
-    Returns
-    -------
-    bool
-        ``True`` if swapped; ``False`` where the system or file system cannot
-        (the caller then falls back to two renames). Other errors are raised.
-    """
-    if _renameat2 is None:
-        return False
-    at_fdcwd = -100
-    if _renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
 def _write_all(fd: int, parts: list[memoryview]) -> tuple[int, str]:
     """Write ``parts`` to ``fd`` in order and fsync it; return the size and XXH3-128 written."""
     digest = xxhash.xxh3_128()
@@ -120,23 +90,31 @@ def _write_all(fd: int, parts: list[memoryview]) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def write_bytes_durable(path: Path, data: bytes | memoryview) -> tuple[int, str]:
+def write_bytes_durable(
+    path: Path, data: bytes | memoryview, *, trust: Trust | None = None
+) -> tuple[int, str]:
     """Create ``path`` with ``data`` and fsync it; return its size and XXH3-128.
 
-    The file must not exist yet.
+    The file must not exist yet. It gets the file mode of ``trust`` (default:
+    ``0o644`` through the umask).
     """
     io_step("create")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = create_file(path, trust or EXPLICIT)
     try:
         return _write_all(fd, [memoryview(data)])
     finally:
         os.close(fd)
 
 
-def write_json_durable(path: Path, value: dict[str, Any]) -> tuple[int, str]:
-    """Create ``path`` holding ``value`` as indented JSON, fsynced; return its size and XXH3-128."""
+def write_json_durable(
+    path: Path, value: dict[str, Any], *, trust: Trust | None = None
+) -> tuple[int, str]:
+    """Create ``path`` holding ``value`` as indented JSON, fsynced (modes of ``trust``).
+
+    Returns its size and XXH3-128.
+    """
     return write_bytes_durable(
-        path, (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
+        path, (json.dumps(value, indent=2, allow_nan=False) + "\n").encode(), trust=trust
     )
 
 
@@ -150,18 +128,21 @@ def fsync_dirs(leaf: Path, top: Path) -> None:
         d = d.parent
 
 
-def write_replace(path: Path, parts: list[memoryview]) -> tuple[int, str]:
+def write_replace(
+    path: Path, parts: list[memoryview], *, trust: Trust | None = None
+) -> tuple[int, str]:
     """Write ``parts`` to ``path`` durably and atomically; return its size and XXH3-128.
 
     The bytes go to ``<path>.<uuid>.partial`` first, fsynced, which then
     replaces ``path`` with one ``os.replace``: a reader never finds a
     half-written file at ``path``, and a writer killed part-way leaves only a
     ``.partial`` file behind. Writing the same file twice is safe; the last
-    complete write wins. The parent directory must exist.
+    complete write wins. The parent directory must exist. The file gets the
+    file mode of ``trust`` (default: ``0o644`` through the umask).
     """
     partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
     io_step("create")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = create_file(partial, trust or EXPLICIT)
     try:
         try:
             entry = _write_all(fd, parts)

@@ -32,11 +32,13 @@ from types import TracebackType
 
 from .. import config
 from ..errors import StoreLockedError
+from .trust import EXPLICIT, Trust, create_file
 
 __all__ = [
     "BuildLock",
     "Holder",
     "ReaderHold",
+    "is_held",
     "locks_enabled",
     "read_holder",
     "try_exclusive",
@@ -89,8 +91,11 @@ def read_holder(path: Path) -> Holder | None:
     fields = raw.decode("utf-8", "replace").split()
     if len(fields) < 3:
         return None
+    # written by any user of a shared cache: shown only as short printable text
+    host = "".join(c for c in fields[1] if c.isprintable())[:64] or "?"
+    what = "".join(c for c in fields[3] if c.isalnum())[:16] if len(fields) > 3 else "build"
     try:
-        return Holder(int(fields[0]), fields[1], float(fields[2]), fields[3] if len(fields) > 3 else "build")
+        return Holder(int(fields[0]), host, float(fields[2]), what or "build")
     except ValueError:
         return None
 
@@ -116,6 +121,11 @@ class BuildLock:
         lock file's directory if housekeeping removed it meanwhile.
     what
         Written into the lock file for waiters to read (``"build"``, ``"gc"``).
+    trust
+        A new lock file gets the policy's mode for files every user writes
+        (``0o660`` in a shared cache, so every member can take the lock); an
+        existing one is checked like any other file of the cache. Default:
+        ``0o644`` through the umask.
 
     Notes
     -----
@@ -126,11 +136,17 @@ class BuildLock:
     """
 
     def __init__(
-        self, path: Path, *, prepare: Callable[[], None] | None = None, what: str = "build"
+        self,
+        path: Path,
+        *,
+        prepare: Callable[[], None] | None = None,
+        what: str = "build",
+        trust: Trust | None = None,
     ) -> None:
         self.path = path
         self._prepare = prepare
         self._what = what
+        self._trust = trust or EXPLICIT
         self._fd: int | None = None
         self.held = False
         """True while the OS lock is held; False when unsupported or released."""
@@ -138,7 +154,9 @@ class BuildLock:
     def _open(self) -> int:
         if self._prepare is not None:
             self._prepare()
-        return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return create_file(
+            self.path, self._trust, flags=os.O_RDWR, kind="member-write", exclusive=False
+        )
 
     def _claim(self, fd: int) -> None:
         self._fd = fd
@@ -286,6 +304,31 @@ class ReaderHold:
             self._finalizer()
 
 
+def is_held(path: Path) -> bool | None:
+    """Whether a process holds the build lock at ``path`` now, without creating or taking it.
+
+    A shared lock is tried for an instant on a read-only descriptor (a
+    builder trying at that instant just tries again). ``None`` when nobody
+    can tell: no lock file, one this process may not open, locks turned off
+    or unsupported.
+    """
+    if not locks_enabled():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
+
+
 def try_exclusive(path: Path) -> tuple[bool, int | None]:
     """Find out whether any process holds ``path`` (shared or exclusive), without waiting.
 
@@ -293,7 +336,7 @@ def try_exclusive(path: Path) -> tuple[bool, int | None]:
     -------
     free : bool
         False if a process holds a lock on the file, or the file cannot be
-        opened for writing (then nobody can tell). True otherwise.
+        opened (then nobody can tell). True otherwise.
     fd : int or None
         When ``free``, an open descriptor holding an exclusive lock that the
         caller closes after deleting the file; None where locks are turned off
@@ -301,6 +344,11 @@ def try_exclusive(path: Path) -> tuple[bool, int | None]:
     """
     try:
         fd = os.open(path, os.O_RDWR)  # NFS emulates flock with POSIX locks: needs write access
+    except PermissionError:
+        try:  # another member's file in a shared cache: local flock needs no write access
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return False, None
     except OSError:
         return False, None
     if not locks_enabled():

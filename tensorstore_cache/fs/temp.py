@@ -14,6 +14,7 @@ a reader or writer that addresses it by name sees it vanish in one step.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import socket
@@ -33,8 +34,14 @@ def temp_sibling(target: Path, mark: str) -> Path:
     return target.parent / f".{target.name}{mark}{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def collect_temp_siblings(directory: Path, prefix: str, max_age_s: float) -> None:
+def collect_temp_siblings(
+    directory: Path, prefix: str, max_age_s: float, *, any_owner: bool = False
+) -> None:
     """Remove the entries of ``directory`` named ``prefix<host>-<pid>-*`` of dead owners.
+
+    Only entries of the current user are removed (unless ``any_owner``): a
+    shared cache's other users' leftovers are theirs (or
+    ``gc(all_users=True)``'s) to remove.
 
     Parameters
     ----------
@@ -63,14 +70,17 @@ def collect_temp_siblings(directory: Path, prefix: str, max_age_s: float) -> Non
             except PermissionError:
                 pass
         try:
-            old = time.time() - entry.stat().st_mtime > max_age_s
+            st = entry.lstat()
         except OSError:
             continue
+        if st.st_uid != os.geteuid() and not any_owner:
+            continue
+        old = time.time() - st.st_mtime > max_age_s
         if dead or old:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def remove_tree(path: Path, aside: Path | None = None) -> None:
+def remove_tree(path: Path, aside: Path | None = None) -> bool:
     """Delete a directory: first renamed aside (one atomic step), then removed.
 
     Once renamed, a task still running somewhere (an executor cannot always
@@ -85,17 +95,29 @@ def remove_tree(path: Path, aside: Path | None = None) -> None:
     aside
         Where to rename it first (default ``<path>.discard``, which still
         matches the temporary-sibling pattern of ``path``).
+
+    Returns
+    -------
+    bool
+        Whether nothing is left of it. A path the system does not let this
+        process rename (another user's, in a sticky directory) is not
+        touched at all; files it may not delete stay under the aside name.
     """
     doomed = aside if aside is not None else path.with_name(path.name + ".discard")
     try:
         path.rename(doomed)
-    except OSError:
+    except FileNotFoundError:
+        doomed = path
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.ENOTSUP, errno.EINVAL):
+            return False  # not ours to remove (EPERM, EACCES), or busy: keep it whole
         doomed = path
     if doomed.is_dir() and not doomed.is_symlink():
         shutil.rmtree(doomed, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):
             doomed.unlink()
+    return not os.path.lexists(doomed)
 
 
 def disk_usage(path: Path) -> int:

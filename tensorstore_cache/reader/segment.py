@@ -38,6 +38,7 @@ from ..format.metadata import (
 )
 from ..format.shard import MappedShard, map_shard_fd, open_shard
 from ..fs.safe import map_file
+from ..fs.trust import Trust, check_fd, open_dir, open_root
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["Segment", "ShardSupply"]
@@ -104,16 +105,37 @@ class Segment:
         Asked for the shards about to be mapped for the first time (all the
         shards of one batch at once); their files are then checked like any
         other (size, index checksum). None: every file is already there.
+    trust
+        Whose directories and files may be read: checked on the store
+        directory and every directory and file opened in it, now and when a
+        shard is mapped later (see :mod:`tensorstore_cache.fs.trust`).
+        Default: a store the user named (warned about if others can write it).
+    parent_fd
+        A checked descriptor of the directory holding the store: ``root`` is
+        then opened in it by name, never through a symlink (a cache's part).
+        None: ``root`` is opened by its path (it may be a symlink).
     """
 
-    def __init__(self, root: Path, *, supply: ShardSupply | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        supply: ShardSupply | None = None,
+        trust: Trust | None = None,
+        parent_fd: int | None = None,
+    ) -> None:
         self.root = root
         self._supply = supply
+        self.trust = trust if trust is not None else Trust.explicit(root)
+        """Whose files this segment reads (see :class:`~tensorstore_cache.fs.trust.Trust`)."""
         # Every file is opened relative to this descriptor, so the segment keeps
         # reading the directory it opened even if another store is renamed over
         # ``root`` later (build_store(overwrite=True)): never a mix of two stores.
         try:
-            self._dir_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            if parent_fd is None:
+                self._dir_fd = open_root(root, self.trust)
+            else:
+                self._dir_fd = open_dir(root.name, self.trust, dir_fd=parent_fd, shown=root)
         except (FileNotFoundError, NotADirectoryError):
             raise StoreNotFoundError(f"no store at {str(root)!r}") from None
         self._close_dir = weakref.finalize(self, os.close, self._dir_fd)
@@ -131,7 +153,7 @@ class Segment:
         return self._dir_fd
 
     def _open(self, root: Path) -> None:
-        meta = GroupMetadata.read(root, self._dir_fd)
+        meta = GroupMetadata.read(root, self._dir_fd, trust=self.trust)
         self.spec, self.files, key_bytes_len = meta.spec, meta.files, meta.key_bytes_len
         self.n = self.spec.n
         self.item_shape = self.spec.item_shape
@@ -147,7 +169,7 @@ class Segment:
                 continue
             item = np.dtype(dtype).itemsize
             buf = map_file(root / rel, root, self.files[rel][0], copy_on_write=False,
-                           root_fd=self._dir_fd)
+                           root_fd=self._dir_fd, trust=self.trust)
             if buf is None or len(buf) != length * item:
                 raise CorruptStoreError(f"{root / rel} has the wrong size", str(root / rel))
             self._buffers.append(buf)
@@ -301,7 +323,18 @@ class Segment:
         Read once from the part's side file (see :mod:`tensorstore_cache.format.hashes`).
         """
         if self._content_hashes is _UNREAD:
-            self._content_hashes = read_hashes(self.root, self.n)
+            if self._dir_fd < 0:
+                raise ValueError(f"store {str(self.root)!r} is closed")
+            # the side file lies next to the part: in the directory that holds the one opened
+            parent = os.open("..", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0),
+                             dir_fd=self._dir_fd)
+            try:
+                if self.trust.kind != "explicit":
+                    check_fd(parent, self.root.parent, self.trust)
+                self._content_hashes = read_hashes(self.root, self.n, trust=self.trust,
+                                                   dir_fd=parent)
+            finally:
+                os.close(parent)
         return self._content_hashes
 
     # -- vectors --------------------------------------------------------------
@@ -346,6 +379,7 @@ class Segment:
                 item_nbytes=self.spec.item_nbytes,
                 expected_size=self.files[rel][0],
                 root_fd=self._dir_fd,
+                trust=self.trust,
             )
         except CorruptStoreError as exc:
             if os.fstat(self._dir_fd).st_nlink == 0:  # our directory was removed

@@ -17,6 +17,7 @@ from ..errors import KeyNotInStoreError, StoreNotFoundError
 from ..format.keys import encode_keys, hash_key, normalize_key, normalize_keys, path_sequence
 from ..format.spec import StoreSpec
 from ..format.verify import verify_segments
+from ..fs.trust import Trust
 from .overlay import Overlay
 from .segment import Segment, ShardSupply
 from .sources import SourceIdentity, stale_mask
@@ -445,6 +446,8 @@ def open_directory(
     *,
     supply: ShardSupply | None = None,
     reopen: tuple[Callable[..., CacheStore], tuple[Any, ...]] | None = None,
+    trust: Trust | None = None,
+    parent_fd: int | None = None,
 ) -> CacheStore:
     """Open the store directory ``path`` (one segment) read-only.
 
@@ -458,6 +461,12 @@ def open_directory(
         :class:`~tensorstore_cache.reader.segment.ShardSupply`).
     reopen
         How an unpickled copy reopens the store (default: this directory).
+    trust
+        Whose directories and files may be read (default: a store the user
+        names, warned about when others can write it); see
+        :class:`~tensorstore_cache.reader.segment.Segment`.
+    parent_fd
+        A checked descriptor of the directory holding ``path``, to open it in.
 
     Raises
     ------
@@ -467,10 +476,10 @@ def open_directory(
         If its metadata is invalid.
     """
     root = Path(os.fspath(path))
-    if not root.is_dir():
+    if parent_fd is None and not root.is_dir():
         raise StoreNotFoundError(
             f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
             "(or check the path)"
         )
-    segment = Segment(root, supply=supply)
+    segment = Segment(root, supply=supply, trust=trust, parent_fd=parent_fd)
     return CacheStore([segment], segment.spec, str(root), reopen=reopen)

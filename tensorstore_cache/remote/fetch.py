@@ -20,6 +20,12 @@ A reader never maps a partial copy, a damaged download is never published,
 and a store changed remotely (a different group ``zarr.json``) gets a new
 local copy. Copies are immutable.
 
+The node cache obeys the rules of the cache directory it lies in (see
+:mod:`tensorstore_cache.fs.trust`): every directory on the way and the copy
+itself are checked before use (a copy planted by someone else is refused, not
+read), and what a download creates gets the cache's modes (private
+``0o700``/``0o600``, or the shared group's) before it is published.
+
 Uploading a store is :mod:`tensorstore_cache.remote.upload`.
 """
 
@@ -38,9 +44,13 @@ from ..format.verify import verify_segment
 from ..fs.durable import fsync_dir, write_bytes_durable
 from ..fs.locks import BuildLock
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
-from .urls import filesystem, node_dir, version_name
+from ..fs.trust import Trust, apply_modes, make_dir, open_dir
+from .urls import filesystem, node_dir, open_url_dir, version_name
 
 __all__ = ["fetch_store"]
+
+#: Reads back a download in progress (this process's own directory): checks come later.
+_QUIET = Trust.explicit(warn=False)
 
 _ARRAY_DIRS = (VECTORS, *INDEX_ARRAYS)
 
@@ -61,9 +71,11 @@ def _read_group(fs: Any, root: str, url: str) -> bytes:
     return bytes(raw)
 
 
-def _fsync_file(path: Path) -> None:
+def _finish_copy(path: Path, trust: Trust) -> None:
+    """Give one checked downloaded file the cache's modes and fsync it."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
+        apply_modes(fd, trust, trust.file_mode)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -77,29 +89,38 @@ class _ChangedError(Exception):
         self.bad = bad
 
 
-def _download(fs: Any, root: str, raw: bytes, tmp: Path) -> int:
+def _make_parents(tmp: Path, rel: str, trust: Trust) -> None:
+    """Create the directories of ``rel`` below ``tmp``, with the cache's modes."""
+    d = tmp
+    for part in rel.split("/")[:-1]:
+        d = d / part
+        make_dir(d, trust)
+
+
+def _download(fs: Any, root: str, raw: bytes, tmp: Path, trust: Trust) -> int:
     """Copy the store at ``root`` (whose group zarr.json is ``raw``) into ``tmp``; return bytes."""
-    write_bytes_durable(tmp / GROUP, raw)
+    write_bytes_durable(tmp / GROUP, raw, trust=trust)
     # array metadata first (small, fixed names): GroupMetadata.read then validates everything
     meta = [f"{name}/{GROUP}" for name in _ARRAY_DIRS]
     for rel in meta:
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(tmp, rel, trust)
     _get(fs, root, tmp, meta)  # read_json caps their size; checksums are checked below
     try:
-        files = GroupMetadata.read(tmp).files
+        files = GroupMetadata.read(tmp, trust=_QUIET).files
     except (CorruptStoreError, StoreNotFoundError) as exc:  # e.g. replaced while we read it
         raise _ChangedError([("metadata", str(exc))]) from None
     data = sorted(set(files) - set(meta))
     for rel in data:
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(tmp, rel, trust)
     _get(fs, root, tmp, data)
-    report = verify_segment(tmp)  # every file's recorded size and XXH3-128, nothing else
+    # every file's recorded size and XXH3-128, nothing else
+    report = verify_segment(tmp, trust=_QUIET)
     if not report.ok:
         raise _ChangedError(
             [(os.path.relpath(p.path, tmp), p.detail) for p in report.problems]
         )
     for rel in files:
-        _fsync_file(tmp / rel)
+        _finish_copy(tmp / rel, trust)
     dirs = {tmp}
     for rel in files:
         parts = rel.split("/")[:-1]
@@ -140,6 +161,7 @@ def fetch_store(
     storage_options: Mapping[str, Any] | None = None,
     lock_timeout: float | None = None,
     attempts: int = 3,
+    trust: Trust | None = None,
 ) -> Path:
     """Make sure the current version of the store at ``url`` is copied locally; return the copy.
 
@@ -160,6 +182,10 @@ def fetch_store(
     attempts
         How many times to start over when the remote store changes during
         the copy.
+    trust
+        The rules of the cache directory (default: the current user's private
+        cache): checked on every directory on the way and on the copy, and
+        the modes of what is created.
 
     Returns
     -------
@@ -175,7 +201,10 @@ def fetch_store(
         (the store is damaged, or is being overwritten right now).
     StoreLockedError
         If ``lock_timeout`` passed while another process was copying.
+    UntrustedCacheError
+        If a directory on the way, or the copy, fails ``trust``.
     """
+    trust = trust if trust is not None else Trust.private()
     fs, root = filesystem(url, storage_options)
     base = node_dir(url, cache_dir)
     last: list[tuple[str, str]] = []
@@ -183,18 +212,17 @@ def fetch_store(
         raw = _read_group(fs, root, url)
         version = version_name(raw)
         local = base / version
-        if local.is_dir():
+        if _have(url, cache_dir, version, trust, create=True):
             return local
-        base.mkdir(parents=True, exist_ok=True)
-        with BuildLock(base / f"{version}.lock", what="fetch") as lock:
+        with BuildLock(base / f"{version}.lock", what="fetch", trust=trust) as lock:
             lock.acquire(timeout=lock_timeout)
-            if local.is_dir():  # another process of this node copied it meanwhile
+            if _have(url, cache_dir, version, trust):  # copied meanwhile by another process
                 return local
             _collect_fetch_debris(base, version)
             tmp = _fetch_tmp(local)
-            tmp.mkdir()
+            make_dir(tmp, trust, exist_ok=False)
             try:
-                _download(fs, root, raw, tmp)
+                _download(fs, root, raw, tmp, trust)
                 try:
                     tmp.rename(local)
                 except OSError:
@@ -219,6 +247,22 @@ def fetch_store(
         "overwritten - rebuild or re-upload it, or retry when the upload has finished",
         url,
     )
+
+
+def _have(
+    url: str, cache_dir: str | os.PathLike[str] | None, version: str, trust: Trust,
+    *, create: bool = False,
+) -> bool:
+    """Whether the copy of ``version`` is here: opened and checked, with every directory above it."""
+    base = open_url_dir(url, cache_dir, trust, create=create)
+    try:
+        fd = open_dir(version, trust, dir_fd=base, shown=node_dir(url, cache_dir) / version)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    finally:
+        os.close(base)
+    os.close(fd)
+    return True
 
 
 def _fetch_tmp(local: Path) -> Path:

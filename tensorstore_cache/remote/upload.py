@@ -27,7 +27,8 @@ from ..errors import StoreExistsError
 from ..format.metadata import GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
 from ..fs.durable import fsync_dir
 from ..fs.temp import temp_sibling
-from .urls import filesystem, node_dir, version_name
+from ..fs.trust import Trust, make_dir
+from .urls import filesystem, node_dir, open_url_dir, version_name
 
 __all__ = ["check_target", "staging_dir", "upload_store"]
 
@@ -50,16 +51,21 @@ def check_target(url: str, *, overwrite: bool, storage_options: Mapping[str, Any
         )
 
 
-def staging_dir(url: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def staging_dir(
+    url: str, cache_dir: str | os.PathLike[str] | None = None, *, trust: Trust | None = None
+) -> Path:
     """Create and return a fresh directory to build a store for ``url`` in, in the node cache.
 
     It lies on the filesystem of the node-local copies, so that the built
     store becomes this node's copy with one rename (:func:`upload_store`).
+    The directories on the way are checked against ``trust`` (default: a
+    private cache) and created with its modes.
     """
+    trust = trust if trust is not None else Trust.private()
     base = node_dir(url, cache_dir)
-    base.mkdir(parents=True, exist_ok=True)
+    os.close(open_url_dir(url, cache_dir, trust, create=True))
     staging = temp_sibling(base / "upload", config.FETCH_MARK)
-    staging.mkdir()
+    make_dir(staging, trust, exist_ok=False)
     return staging
 
 
@@ -70,18 +76,21 @@ def upload_store(
     overwrite: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    trust: Trust | None = None,
 ) -> None:
     """Upload the store directory ``local`` to ``url``; keep ``local`` as this node's copy.
 
     Data files first, then the array metadata, the group ``zarr.json`` last.
     Afterwards ``local`` is moved into the node-local cache as the copy of
     the uploaded version, so opening ``url`` on this node downloads nothing;
-    ``local`` must lie on the same filesystem as ``node_dir(url, cache_dir)``.
+    ``local`` must lie on the same filesystem as ``node_dir(url, cache_dir)``
+    and have been built with the node cache's ``trust`` (its modes).
     """
+    trust = trust if trust is not None else Trust.private()
     fs, root = filesystem(url, storage_options)
-    raw = _upload(local, fs, root, overwrite)
+    raw = _upload(local, fs, root, overwrite, trust)
     base = node_dir(url, cache_dir)
-    base.mkdir(parents=True, exist_ok=True)
+    os.close(open_url_dir(url, cache_dir, trust, create=True))
     try:
         local.rename(base / version_name(raw))
         fsync_dir(base)
@@ -89,10 +98,10 @@ def upload_store(
         pass  # this version is already here (identical bytes, by its checksums)
 
 
-def _upload(local: Path, fs: Any, root: str, overwrite: bool) -> bytes:
+def _upload(local: Path, fs: Any, root: str, overwrite: bool, trust: Trust) -> bytes:
     """Upload the store at ``local`` to ``root``: data, then array metadata, group ``zarr.json`` last."""
     raw = (local / GROUP).read_bytes()
-    files = sorted(GroupMetadata.read(local).files)
+    files = sorted(GroupMetadata.read(local, trust=trust).files)
     if overwrite:
         with contextlib.suppress(FileNotFoundError):  # readers now find no store, not a mixed one
             fs.rm_file(f"{root}/{GROUP}")

@@ -17,12 +17,15 @@ from typing import Any
 import xxhash
 
 from .. import config
+from ..fs.trust import Trust, open_dir, open_root
 
 __all__ = [
+    "cache_root",
     "file_url_path",
     "filesystem",
     "is_url",
     "node_dir",
+    "open_url_dir",
     "remote_cache_root",
     "url_dir",
     "version_name",
@@ -46,11 +49,45 @@ def file_url_path(url: str) -> Path | None:
     return Path(urllib.parse.unquote(parsed.path))
 
 
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the cache directory: ``cache_dir``, else the default one."""
+    if cache_dir is None:
+        return config.default_cache_dir()
+    return Path(os.fspath(cache_dir)).expanduser()
+
+
 def remote_cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return the directory under which remote stores are copied (``<cache_dir>/remote``)."""
-    if cache_dir is None:
-        return config.default_cache_dir() / "remote"
-    return Path(os.fspath(cache_dir)).expanduser() / "remote"
+    return cache_root(cache_dir) / "remote"
+
+
+def open_url_dir(
+    url: str, cache_dir: str | os.PathLike[str] | None, trust: Trust, *, create: bool = False
+) -> int:
+    """Open (or create) the node-cache directory of ``url``; return its checked descriptor.
+
+    The cache directory, ``remote/`` and the URL's directory are opened one
+    in the other and each checked against ``trust`` (see
+    :mod:`tensorstore_cache.fs.trust`); created with its modes if ``create``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If one is missing and ``create`` is false.
+    UntrustedCacheError
+        If one fails ``trust``.
+    """
+    root = cache_root(cache_dir)
+    top = open_root(root, trust, create=create)
+    try:
+        remote = open_dir("remote", trust, dir_fd=top, create=create, shown=root / "remote")
+    finally:
+        os.close(top)
+    try:
+        name = url_dir(url)
+        return open_dir(name, trust, dir_fd=remote, create=create, shown=root / "remote" / name)
+    finally:
+        os.close(remote)
 
 
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:

@@ -33,22 +33,28 @@ from ..format.metadata import (
 from ..format.shard import write_shard
 from ..format.spec import StoreSpec
 from ..fs.durable import (
-    exchange_dirs,
     fsync_dir,
     fsync_dirs,
     io_step,
     write_bytes_durable,
     write_json_durable,
 )
+from ..fs.renames import exchange_dirs
+from ..fs.trust import EXPLICIT, Trust, make_dir
 
 __all__ = ["finish_store", "publish", "rewrite_rows", "write_index", "write_shard_file"]
 
+_QUIET = Trust.explicit(warn=False)
 #: File entries of a store being written: store-relative path -> (size, xxh3-128 hex).
 Files = dict[str, tuple[int, str]]
 
 
 def write_shard_file(
-    root: Path, rel: str, block: npt.NDArray[np.generic], rows_per_shard: int
+    root: Path,
+    rel: str,
+    block: npt.NDArray[np.generic],
+    rows_per_shard: int,
+    trust: Trust = EXPLICIT,
 ) -> tuple[int, str]:
     """Write shard ``rel`` of the store being assembled in ``root``, durably.
 
@@ -56,7 +62,7 @@ def write_shard_file(
     exist: a late or retried task of an abandoned build fails instead of
     recreating it), writes the file atomically (a retried task overwrites
     what a killed attempt left), then fsyncs every directory up to
-    ``vectors``.
+    ``vectors``. Directories and the file get the modes of ``trust``.
 
     Returns
     -------
@@ -69,14 +75,17 @@ def write_shard_file(
     for part in Path(rel).parts[1:-1]:  # "c", shard number, "0"...
         d = d / part
         io_step("mkdir")
-        d.mkdir(exist_ok=True)
-    entry = write_shard(path, block, rows_per_shard)
+        make_dir(d, trust)
+    entry = write_shard(path, block, rows_per_shard, trust=trust)
     fsync_dirs(path.parent, base)
     return entry
 
 
 def rewrite_rows(
-    root: Path, spec: StoreSpec, read: Callable[[npt.NDArray[np.int64]], npt.NDArray[Any]]
+    root: Path,
+    spec: StoreSpec,
+    read: Callable[[npt.NDArray[np.int64]], npt.NDArray[Any]],
+    trust: Trust = EXPLICIT,
 ) -> Files:
     """Write every shard of ``spec`` into ``root`` from existing rows; return their entries.
 
@@ -89,20 +98,26 @@ def rewrite_rows(
     read
         Returns the vectors of new rows ``rows`` (an ascending run), e.g. a
         gather from the mapped files of other stores.
+    trust
+        The modes of what is created (see :mod:`tensorstore_cache.fs.trust`).
     """
     s = spec.rows_per_shard
     files: Files = {}
     for k in range(shard_count(spec)):
         rows = np.arange(k * s, min(spec.n, (k + 1) * s), dtype=np.int64)
         rel = shard_key(spec, k)
-        files[rel] = write_shard_file(root, rel, read(rows), s)
+        files[rel] = write_shard_file(root, rel, read(rows), s, trust)
     return files
 
 
 def write_index(
-    root: Path, keys: list[str], sizes: npt.NDArray[np.int64], mtimes: npt.NDArray[np.int64]
+    root: Path,
+    keys: list[str],
+    sizes: npt.NDArray[np.int64],
+    mtimes: npt.NDArray[np.int64],
+    trust: Trust = EXPLICIT,
 ) -> tuple[Files, int]:
-    """Write the index arrays and their metadata into ``root``.
+    """Write the index arrays and their metadata into ``root`` (modes of ``trust``).
 
     Returns
     -------
@@ -129,15 +144,15 @@ def write_index(
     for name, dtype in INDEX_ARRAYS.items():
         data = np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<"))
         io_step("mkdir")
-        (root / name).mkdir()
+        make_dir(root / name, trust, exist_ok=False)
         files[f"{name}/{GROUP}"] = write_json_durable(
-            root / name / GROUP, index_array_metadata(name, len(data))
+            root / name / GROUP, index_array_metadata(name, len(data)), trust=trust
         )
         if len(data):
             io_step("mkdir")
-            (root / name / "c").mkdir()
+            make_dir(root / name / "c", trust, exist_ok=False)
             files[f"{name}/c/0"] = write_bytes_durable(
-                root / name / "c" / "0", data.reshape(-1).view(np.uint8).data
+                root / name / "c" / "0", data.reshape(-1).view(np.uint8).data, trust=trust
             )
             fsync_dir(root / name / "c")
         fsync_dir(root / name)
@@ -152,6 +167,7 @@ def finish_store(
     keys: list[str],
     sizes: npt.NDArray[np.int64],
     mtimes: npt.NDArray[np.int64],
+    trust: Trust = EXPLICIT,
 ) -> GroupMetadata:
     """Write the vectors' metadata and the index beside written shards.
 
@@ -165,6 +181,8 @@ def finish_store(
         File entries of the shards.
     keys, sizes, mtimes
         Every key in row order, and its source's identity.
+    trust
+        The modes of what is created.
 
     Returns
     -------
@@ -172,17 +190,25 @@ def finish_store(
         The group metadata to publish with :func:`publish`.
     """
     every = dict(files)
-    every[f"{VECTORS}/{GROUP}"] = write_json_durable(tmp / VECTORS / GROUP, vectors_metadata(spec))
+    every[f"{VECTORS}/{GROUP}"] = write_json_durable(
+        tmp / VECTORS / GROUP, vectors_metadata(spec), trust=trust
+    )
     if (tmp / VECTORS / "c").exists():
         fsync_dir(tmp / VECTORS / "c")
     fsync_dir(tmp / VECTORS)
-    index_files, key_bytes_len = write_index(tmp, keys, sizes, mtimes)
+    index_files, key_bytes_len = write_index(tmp, keys, sizes, mtimes, trust)
     every.update(index_files)
     return GroupMetadata(spec=spec, files=every, key_bytes_len=key_bytes_len)
 
 
-def publish(tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool) -> None:
+def publish(
+    tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool, trust: Trust = EXPLICIT
+) -> None:
     """Write the group metadata last, then publish ``tmp`` as ``target`` with one rename.
+
+    ``trust`` gives the group metadata its mode, and the finished store is
+    read back under it (a cache's part must pass the checks of its readers;
+    a store at a path the user names is not warned about here).
 
     Raises
     ------
@@ -192,9 +218,9 @@ def publish(tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool) ->
     StoreExistsError
         If ``target`` appeared meanwhile and ``overwrite`` is false.
     """
-    meta.write(tmp)
+    meta.write(tmp, trust=trust)
     try:  # publish only what readers accept (e.g. not metadata past their size caps)
-        GroupMetadata.read(tmp)
+        GroupMetadata.read(tmp, trust=trust if trust.kind != "explicit" else _QUIET)
     except CorruptStoreError as exc:
         raise BuildError(
             f"the finished store fails the checks every reader applies, so nothing was "

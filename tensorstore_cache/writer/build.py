@@ -30,6 +30,7 @@ from ..format.metadata import VECTORS, GroupMetadata, shard_key
 from ..format.spec import StoreSpec
 from ..fs.durable import fsync_dir, io_step, remove_partials
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
+from ..fs.trust import EXPLICIT, Trust, make_dir
 from ..loaders import Loader, LoaderInfo
 from .assemble import finish_store, publish, rewrite_rows
 from .reentry import building
@@ -65,6 +66,9 @@ class BuildOptions:
     """Replace an existing store at the target."""
     executor: Executor | None = None
     """Runs the shard tasks instead of a local process pool."""
+    trust: Trust = EXPLICIT
+    """Whose store it is: the modes of every directory and file created (a cache's
+    private or shared modes; a path the user names: the umask's)."""
 
 
 def default_workers() -> int:
@@ -88,9 +92,11 @@ def temp_dir(target: Path) -> Path:
     return temp_sibling(target, config.BUILD_MARK)
 
 
-def collect_debris(out: Path, max_age_s: float = 24 * 3600.0) -> None:
-    """Remove temporary build directories of ``out`` left by dead builders."""
-    collect_temp_siblings(out.parent, f".{out.name}{config.BUILD_MARK}", max_age_s)
+def collect_debris(out: Path, max_age_s: float = 24 * 3600.0, *, any_owner: bool = False) -> None:
+    """Remove temporary build directories of ``out`` left by dead builders (the current
+    user's only, unless ``any_owner``)."""
+    collect_temp_siblings(out.parent, f".{out.name}{config.BUILD_MARK}", max_age_s,
+                          any_owner=any_owner)
 
 
 def build_dir_target(name: str) -> str | None:
@@ -173,12 +179,12 @@ def build(keys: list[str], target: Path, options: BuildOptions) -> None:
         collect_debris(target)
         tmp = temp_dir(target)
         io_step("mkdir")
-        tmp.mkdir()
+        make_dir(tmp, options.trust, exist_ok=False)
         try:
             meta = _build_into(
                 tmp, spec, keys, options, workers=nworkers, target=target, probed=probed
             )
-            publish(tmp, target, meta, overwrite=options.overwrite)
+            publish(tmp, target, meta, overwrite=options.overwrite, trust=options.trust)
         except BaseException:
             remove_tree(tmp)
             raise
@@ -203,7 +209,7 @@ def _build_into(
         every = [(k, "the loader failed on every source") for k in keys]
         raise BuildError(_failure_message(every, n, target), every)
     io_step("mkdir")
-    (tmp / VECTORS).mkdir()
+    make_dir(tmp / VECTORS, options.trust, exist_ok=False)
     tasks = [
         ShardTask(
             root=str(tmp),
@@ -214,6 +220,7 @@ def _build_into(
             item_shape=spec.item_shape,
             rows_per_shard=s,
             write_on_failure=options.on_error == "skip",
+            trust=options.trust,
         )
         for k in range(math.ceil(n / s))
     ]
@@ -243,18 +250,20 @@ def _build_into(
         keep = np.ones(n, dtype=bool)
         keep[[i for i, _r, _f in failures]] = False
         old_rows = [len(t.keys) for t in tasks]
-        spec, files = _drop_failed_rows(tmp, spec, old_rows, keep)
+        spec, files = _drop_failed_rows(tmp, spec, old_rows, keep, options.trust)
         skipped = tuple((keys[i], reason) for i, reason, _frames in failures)
         spec = dataclasses.replace(spec, skipped=skipped)
         keys = [k for k, ok in zip(keys, keep.tolist(), strict=True) if ok]
         sizes, mtimes = sizes[keep], mtimes[keep]
     else:
         files = {t.rel: (results[t.rel].size, results[t.rel].checksum) for t in tasks}
-    return finish_store(tmp, spec, files, keys=keys, sizes=sizes, mtimes=mtimes)
+    return finish_store(
+        tmp, spec, files, keys=keys, sizes=sizes, mtimes=mtimes, trust=options.trust
+    )
 
 
 def _drop_failed_rows(
-    tmp: Path, spec: StoreSpec, counts: list[int], keep: npt.NDArray[np.bool_]
+    tmp: Path, spec: StoreSpec, counts: list[int], keep: npt.NDArray[np.bool_], trust: Trust
 ) -> tuple[StoreSpec, dict[str, tuple[int, str]]]:
     """Rewrite the shards without the rows that failed (``on_error="skip"``)."""
     kept = np.flatnonzero(keep)
@@ -275,8 +284,9 @@ def _drop_failed_rows(
 
     staging = tmp / "rewrite"
     io_step("mkdir")
-    (staging / VECTORS).mkdir(parents=True)
-    files = rewrite_rows(staging, new_spec, old)
+    make_dir(staging, trust, exist_ok=False)
+    make_dir(staging / VECTORS, trust, exist_ok=False)
+    files = rewrite_rows(staging, new_spec, old, trust)
     maps.clear()
     shutil.rmtree(tmp / VECTORS)
     io_step("rename")

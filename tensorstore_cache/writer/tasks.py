@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..fs.trust import EXPLICIT, Trust
 from ..loaders import Loader
 from .assemble import write_shard_file
 
@@ -57,7 +58,8 @@ class ShardTask:
     ``loader`` is None in the tasks sent to a :class:`~.pool.BuildPool`,
     whose workers received the loader when they started. ``computed`` holds
     items computed already, by row in the shard (the one that told the
-    builder the item shape).
+    builder the item shape). ``trust`` gives the shard's directories and file
+    the modes of the cache (or store) being built, in whatever process writes it.
     """
 
     root: str
@@ -69,6 +71,7 @@ class ShardTask:
     rows_per_shard: int
     write_on_failure: bool
     computed: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
+    trust: Trust = EXPLICIT
 
 
 @dataclass(slots=True)
@@ -116,6 +119,6 @@ def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
     if result.failures and not task.write_on_failure:
         return result
     result.size, result.checksum = write_shard_file(
-        Path(task.root), task.rel, block, task.rows_per_shard
+        Path(task.root), task.rel, block, task.rows_per_shard, task.trust
     )
     return result

@@ -17,6 +17,7 @@ from .cache.gc import CacheInfo, Removed, gc, list_caches
 from .config import __version__
 from .errors import (
     BuildError,
+    CacheLimitWarning,
     CorruptStoreError,
     KeyNotInStoreError,
     ReentrantBuildError,
@@ -24,6 +25,7 @@ from .errors import (
     StoreExistsError,
     StoreLockedError,
     StoreNotFoundError,
+    StoreReplacedError,
     TensorStoreCacheError,
 )
 from .format.spec import FORMAT_VERSION, StoreSpec
@@ -34,6 +36,7 @@ from .reader.store import CacheStore
 __all__ = [
     "BuildError",
     "CacheInfo",
+    "CacheLimitWarning",
     "CacheStore",
     "CorruptStoreError",
     "FORMAT_VERSION",
@@ -45,6 +48,7 @@ __all__ = [
     "StoreExistsError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreReplacedError",
     "StoreSpec",
     "TensorStoreCacheError",
     "VerifyReport",

@@ -37,13 +37,14 @@ __all__ = [
     "BuildLock",
     "Holder",
     "ReaderHold",
+    "UNSUPPORTED_ERRNOS",
     "locks_enabled",
     "read_holder",
     "try_exclusive",
 ]
 
 # errno values meaning "this filesystem cannot lock", as opposed to "someone holds it"
-_UNSUPPORTED = frozenset(
+UNSUPPORTED_ERRNOS = frozenset(
     e for e in (
         errno.ENOLCK,
         errno.EOPNOTSUPP,
@@ -170,7 +171,7 @@ class BuildLock:
                 return False
             except OSError as exc:
                 os.close(fd)
-                if exc.errno in _UNSUPPORTED:
+                if exc.errno in UNSUPPORTED_ERRNOS:
                     return None
                 raise
             if _same_file(fd, self.path):
@@ -313,7 +314,7 @@ def try_exclusive(path: Path) -> tuple[bool, int | None]:
         return False, None
     except OSError as exc:
         os.close(fd)
-        if exc.errno in _UNSUPPORTED:
+        if exc.errno in UNSUPPORTED_ERRNOS:
             return True, None
         return False, None
     return True, fd

@@ -21,6 +21,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -38,6 +39,7 @@ from ..format.metadata import (
 )
 from ..format.shard import MappedShard, map_shard_fd, open_shard
 from ..fs.safe import map_file
+from ..remote.shards import FetchStats
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["Segment", "ShardSupply"]
@@ -46,11 +48,18 @@ __all__ = ["Segment", "ShardSupply"]
 class ShardSupply(Protocol):
     """Makes shard files present before a segment maps them (shards on demand)."""
 
+    stats: FetchStats
+    """What was fetched so far."""
+
     def ensure(self, shards: Sequence[int]) -> None:
         """Return once the files of ``shards`` are in place, complete (or raise)."""
 
+    def prefetch(self, shards: Sequence[int], *, background: bool = False) -> Future[int]:
+        """Fetch ``shards`` ahead of reads; a future of the number downloaded."""
+
     def close(self) -> None:
         """The segment is closed: nothing more will be asked."""
+
 
 _UNREAD: Any = object()
 _bisect_left = bisect.bisect_left
@@ -412,6 +421,25 @@ class Segment:
             else:
                 for j, i in zip(sel.tolist(), local.tolist(), strict=True):
                     out[j] = shard.row(i)
+
+    @property
+    def supply(self) -> ShardSupply | None:
+        """Where this segment's shards come from when fetched on demand (None: all local)."""
+        return self._supply
+
+    def prefetch(
+        self, rows: npt.NDArray[np.int64] | None, *, background: bool = False
+    ) -> Future[int]:
+        """Fetch the shards of ``rows`` (every shard if None) ahead of reads."""
+        if self._supply is None:
+            done: Future[int] = Future()
+            done.set_result(0)
+            return done
+        if rows is None:
+            ks = list(range(len(self._shards)))
+        else:
+            ks = np.unique(rows // self.rows_per_shard).tolist()
+        return self._supply.prefetch(ks, background=background)
 
     def close(self) -> None:
         """Drop every mapping (views already handed out stay valid)."""

@@ -39,12 +39,12 @@ from ..fs.locks import BuildLock
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
 from .urls import filesystem, node_dir, version_name
 
-__all__ = ["fetch_store"]
+__all__ = ["fetch_store", "is_shard", "read_group"]
 
 _ARRAY_DIRS = (VECTORS, *INDEX_ARRAYS)
 
 
-def _read_group(fs: Any, root: str, url: str) -> bytes:
+def read_group(fs: Any, root: str, url: str) -> bytes:
     """Read the remote group ``zarr.json`` with one request, refusing oversized ones."""
     try:
         raw = fs.cat_file(f"{root}/{GROUP}", start=0, end=config.MAX_GROUP_JSON + 1)
@@ -98,20 +98,26 @@ def _download(fs: Any, root: str, raw: bytes, tmp: Path) -> int:
         files = GroupMetadata.read(tmp).files
     except (CorruptStoreError, StoreNotFoundError) as exc:  # e.g. replaced while we read it
         raise _ChangedError([("metadata", str(exc))]) from None
-    data = sorted(set(files) - set(meta))
+    data = sorted(rel for rel in set(files) - set(meta) if not is_shard(rel))
     for rel in data:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
     _get(fs, root, tmp, data)
-    bad = [(rel, why) for rel in sorted(files) if (why := _check_copy(tmp / rel, *files[rel]))]
+    kept = [rel for rel in sorted(files) if not is_shard(rel)]
+    bad = [(rel, why) for rel in kept if (why := _check_copy(tmp / rel, *files[rel]))]
     if bad:
         raise _ChangedError(bad)
     dirs = {tmp}
-    for rel in files:
+    for rel in kept:
         parts = rel.split("/")[:-1]
         dirs.update(tmp.joinpath(*parts[:i]) for i in range(1, len(parts) + 1))
     for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):  # deepest first
         fsync_dir(d)
-    return sum(size for size, _ in files.values())
+    return sum(files[rel][0] for rel in kept)
+
+
+def is_shard(rel: str) -> bool:
+    """Whether ``rel`` names a shard file (fetched on demand, not with the index)."""
+    return rel.startswith(f"{VECTORS}/c/")
 
 
 def _get(fs: Any, root: str, tmp: Path, rels: list[str]) -> None:
@@ -185,7 +191,7 @@ def fetch_store(
     base = node_dir(url, cache_dir)
     last: list[tuple[str, str]] = []
     for attempt in range(max(1, attempts)):
-        raw = _read_group(fs, root, url)
+        raw = read_group(fs, root, url)
         version = version_name(raw)
         local = base / version
         if local.is_dir():

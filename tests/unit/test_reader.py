@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tensorstore_cache.format.metadata import shard_count, shard_key
 from tensorstore_cache.reader.overlay import Overlay
 from tensorstore_cache.reader.segment import Segment, same_bytes
 from tensorstore_cache.reader.store import CacheStore, open_directory
+from tensorstore_cache.remote.shards import FetchStats
 
 
 def _vec(path: str) -> Any:
@@ -106,6 +108,7 @@ class CopyingSupply:
         self.source, self.root, self.spec = source, root, spec
         self.asked: list[list[int]] = []
         self.closed = False
+        self.stats = FetchStats()
 
     def ensure(self, shards: Sequence[int]) -> None:
         self.asked.append(list(shards))
@@ -113,6 +116,12 @@ class CopyingSupply:
             rel = shard_key(self.spec, k)
             (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.source / rel, self.root / rel)
+
+    def prefetch(self, shards: Sequence[int], *, background: bool = False) -> Future[int]:
+        self.ensure(shards)
+        done: Future[int] = Future()
+        done.set_result(len(shards))
+        return done
 
     def close(self) -> None:
         self.closed = True

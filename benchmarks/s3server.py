@@ -33,6 +33,8 @@ class Request:
     status: int
     sent: int
     range: str | None
+    started: float = 0.0  # time.monotonic() (system-wide on Linux): when it arrived
+    ended: float = 0.0  # and when its last byte was sent
 
 
 @dataclass
@@ -101,7 +103,8 @@ class CountingS3:
                 self.settle()
                 with self._lock:
                     body = json.dumps([{"method": r.method, "key": r.key, "status": r.status,
-                                        "sent": r.sent, "range": r.range} for r in self.log]).encode()
+                                        "sent": r.sent, "range": r.range, "started": r.started,
+                                        "ended": r.ended} for r in self.log]).encode()
                 start_response("200 OK", [("Content-Type", "application/json")])
                 return [body]
             if path == "/_tsc/reset":
@@ -123,6 +126,7 @@ class CountingS3:
 
             with self._lock:
                 self._busy += 1
+            started = time.monotonic()
             try:
                 served = app(environ, recording_start)
             except BaseException:
@@ -132,12 +136,14 @@ class CountingS3:
             method = environ["REQUEST_METHOD"]
             key = path.lstrip("/")
             stall = next((v for s, v in self.stalls.items() if key.endswith(s)), None)
-            return self._count(served, method, key, status, environ.get("HTTP_RANGE"), stall)
+            return self._count(served, method, key, status, environ.get("HTTP_RANGE"), stall,
+                               started)
 
         return middleware
 
     def _count(self, body: Iterable[bytes], method: str, key: str, status: list[int],
-               rng: str | None, stall: tuple[int, float] | None) -> Iterator[bytes]:
+               rng: str | None, stall: tuple[int, float] | None,
+               started: float) -> Iterator[bytes]:
         sent = 0
         try:
             for chunk in body:
@@ -155,7 +161,8 @@ class CountingS3:
             if close is not None:
                 close()
             with self._lock:
-                self.log.append(Request(method, key, status[0], sent, rng))
+                self.log.append(Request(method, key, status[0], sent, rng, started,
+                                        time.monotonic()))
                 self._busy -= 1
 
 

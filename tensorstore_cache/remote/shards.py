@@ -71,6 +71,8 @@ class FetchStats:
     """Shards found already in the node cache (fetched by any process)."""
     refetched: int = 0
     """Shards this process downloaded again after they were evicted."""
+    cap: int | None = None
+    """The node cache's cap in force (bytes), None if uncapped."""
 
 
 class _NoRoomError(Exception):
@@ -131,7 +133,7 @@ class NodeShards:
             os.utime(self.holds.path)  # the version's last use, for eviction
         largest = max((self.files[shard_key(self.spec, k)][0] for k in range(self.count)), default=1)
         self.threads = max(2, min(8, _IN_FLIGHT_BYTES // max(1, largest)))
-        self.stats = FetchStats()
+        self.stats = FetchStats(cap=self.cap)
         self._fetched: set[int] = set()
         self._reset()
         _live.add(self)

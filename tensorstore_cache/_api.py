@@ -208,7 +208,7 @@ def _open_copy(
     # pickled, the store reopens this node's copy when it exists (no request), else the URL
     try:
         return open_directory(
-            local, supply=supply,
+            local, supply=supply, budget=supply.budget,
             reopen=(_reopen_url, (url, local, cache_dir, storage_options, max_bytes)),
         )
     except BaseException:

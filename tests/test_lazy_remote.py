@@ -405,29 +405,75 @@ def test_the_cap_evicts_least_recently_used_shards_never_mapped_ones(
     (version,) = [p for p in (cache / "remote").glob("*/*") if p.is_dir()]
     present = sorted(int(p.parts[-4]) for p in version.glob("vectors/c/*/0/0/0"))
     assert present and min(present) >= 24  # the least recently used went first
-    # a live reader maps shards 100..109: the next reader evicts around them, and when only
-    # mapped shards are left it grows past the cap and says so once
-    holder = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"])
-    held = np.arange(100, 110) * ROWS
-    holder.take(held)
+    # live readers map shards; once only mapped shards are left, the cache grows past the
+    # cap rather than evict one of them, and says so once
+    holders: list[tuple[tsc.CacheStore, np.ndarray]] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        other = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"],
-                               max_bytes=cap)
-        rows = np.arange(200, 204) * ROWS
-        np.testing.assert_array_equal(other.take(rows), expected(rows))
-        np.testing.assert_array_equal(other.take(rows + ROWS * 4), expected(rows + ROWS * 4))
+        for h in range(4):
+            holder = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"],
+                                    max_bytes=cap)
+            budget = holder.segments[0].budget
+            assert budget is not None and 4 * budget > 10  # four of them map more than the cap
+            rows = (100 + h * budget + np.arange(budget)) * ROWS
+            np.testing.assert_array_equal(holder.take(rows), expected(rows))
+            holders.append((holder, rows))
     over = [w for w in caught if issubclass(w.category, tsc.CacheLimitWarning)]
     assert len(over) == 1 and "over its cap" in str(over[0].message)
-    for k in range(100, 110):  # never evicted while mapped
-        assert (version / f"vectors/c/{k}/0/0/0").is_file()
-    np.testing.assert_array_equal(holder.take(held), expected(held))
-    holder.close()
-    other.close()
+    assert _cache_bytes(cache) > cap
+    for holder, rows in holders:  # never evicted while mapped
+        for k in set((rows // ROWS).tolist()):
+            assert (version / f"vectors/c/{k}/0/0/0").is_file()
+        np.testing.assert_array_equal(holder.take(rows), expected(rows))
+        holder.close()
     first.close()
     with tsc.open_store(URL, cache_dir=cache, storage_options=big["options"],
                         max_bytes=cap) as again:  # nothing mapped now: back under the cap
         again.take(np.arange(150, 152) * ROWS)
+    assert _cache_bytes(cache) <= cap
+
+
+def test_a_full_pass_under_a_cap_of_ten_shards_releases_what_it_no_longer_reads(
+    big: dict[str, Any], tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    shard = _shard_size(big["options"])
+    with tsc.open_store(URL, cache_dir=cache, storage_options=big["options"]):
+        index = _cache_bytes(cache)  # metadata and index: fetched by this first open
+    cap = index + 10 * shard
+    store = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"], max_bytes=cap)
+    budget = store.segments[0].budget
+    assert budget is not None and 1 <= budget < 10
+    # an epoch in shuffled shard order (rows shuffled within groups of 4 shards), batches of 256
+    rng = np.random.default_rng(0)
+    order = np.concatenate([
+        rng.permutation(np.arange(g * ROWS, min(N, (g + 4) * ROWS)))
+        for g in rng.permutation(np.arange(0, SHARDS, 4))
+    ])
+    assert sorted(order.tolist()) == list(range(N))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for start in range(0, N, 256):
+            rows = order[start : start + 256]
+            np.testing.assert_array_equal(store.take(rows), expected(rows))
+            assert _cache_bytes(cache) <= cap  # nothing else maps: the cap holds
+            assert len(store.segments[0].supply.holds.held) <= budget  # type: ignore[union-attr]
+        v = store[key(7)]
+        assert v.base is None  # a copy: nothing the user holds points into a released shard
+        np.testing.assert_array_equal(v, cover(key(7)))
+        assert not [w for w in caught if issubclass(w.category, tsc.CacheLimitWarning)]
+        # random batches: each spans more shards than the cap holds, so shards are fetched
+        # again and again; said once, with the numbers
+        for _ in range(3):
+            rows = rng.integers(0, N, 64)
+            np.testing.assert_array_equal(store.take(rows), expected(rows))
+            assert _cache_bytes(cache) <= cap
+    thrash = [w for w in caught if issubclass(w.category, tsc.CacheLimitWarning)]
+    assert len(thrash) == 1 and "again after they were evicted" in str(thrash[0].message)
+    stats = store.fetch_stats
+    assert stats is not None and stats.refetched > 0 and stats.cap == cap
+    assert stats.shards == SHARDS + stats.refetched  # the epoch fetched each shard once
+    store.close()
     assert _cache_bytes(cache) <= cap
 
 

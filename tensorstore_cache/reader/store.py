@@ -508,6 +508,7 @@ def open_directory(
     path: str | os.PathLike[str],
     *,
     supply: ShardSupply | None = None,
+    budget: int | None = None,
     reopen: tuple[Callable[..., CacheStore], tuple[Any, ...]] | None = None,
 ) -> CacheStore:
     """Open the store directory ``path`` (one segment) read-only.
@@ -520,6 +521,9 @@ def open_directory(
         Makes shard files present before they are mapped, for stores whose
         shards are fetched on demand (see
         :class:`~tensorstore_cache.reader.segment.ShardSupply`).
+    budget
+        With a ``supply``: most shards mapped at once; rows are then copies
+        (see :class:`~tensorstore_cache.reader.segment.Segment`).
     reopen
         How an unpickled copy reopens the store (default: this directory).
 
@@ -536,5 +540,5 @@ def open_directory(
             f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
             "(or check the path)"
         )
-    segment = Segment(root, supply=supply)
+    segment = Segment(root, supply=supply, budget=budget)
     return CacheStore([segment], segment.spec, str(root), reopen=reopen)

@@ -131,8 +131,10 @@ class NodeShards:
         self.holds = HoldFile(local.with_name(local.name + HOLDS_SUFFIX))
         with contextlib.suppress(OSError):
             os.utime(self.holds.path)  # the version's last use, for eviction
-        largest = max((self.files[shard_key(self.spec, k)][0] for k in range(self.count)), default=1)
-        self.threads = max(2, min(8, _IN_FLIGHT_BYTES // max(1, largest)))
+        self._largest = max(
+            (self.files[shard_key(self.spec, k)][0] for k in range(self.count)), default=1
+        ) or 1
+        self.threads = max(2, min(8, _IN_FLIGHT_BYTES // self._largest))
         self.stats = FetchStats(cap=self.cap)
         self._fetched: set[int] = set()
         self._reset()
@@ -190,6 +192,23 @@ class NodeShards:
             for k in held:
                 self.holds.release(k)
             raise
+
+    def release(self, k: int) -> None:
+        """Shard ``k`` is no longer mapped by the reader: give back one hold."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path(k))  # its last use, for eviction
+        self.holds.release(k)
+
+    @property
+    def budget(self) -> int | None:
+        """Shards a reader keeps mapped at once under the cap (None: uncapped, no limit).
+
+        A quarter of the shards the cap holds, between 1 and 64: the rest of the
+        cap is left to other processes and to the shards being fetched.
+        """
+        if self.cap is None:
+            return None
+        return max(1, min(64, self.cap // (4 * self._largest)))
 
     def close(self) -> None:
         """The store is closed: stop prefetching, drop every hold."""

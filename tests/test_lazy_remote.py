@@ -501,3 +501,45 @@ def test_the_smallest_cap_wins_and_is_recorded(
     monkeypatch.delenv("TSC_CACHE_MAX_BYTES")
     with pytest.raises(ValueError, match="max_bytes"):
         tsc.open_store(url, cache_dir=cache, storage_options=options, max_bytes=0)
+
+
+# -- housekeeping ---------------------------------------------------------------------------
+
+
+def test_gc_collects_remote_copies_but_not_what_a_process_maps(
+    small: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    url, options = small
+    cache = tmp_path / "cache"
+    open_one = tsc.open_store(url, cache_dir=cache, storage_options=options)
+    np.testing.assert_array_equal(open_one[key(1)], cover(key(1)))  # maps shard 0
+    closed = tsc.open_store(url, cache_dir=cache, storage_options=options)
+    assert closed.prefetch().result() == 11  # the other shards
+    closed.close()
+    (version,) = [p for p in (cache / "remote").glob("*/*") if p.is_dir()]
+    # a download left by a process that died
+    ctx = multiprocessing.get_context("spawn")
+    dead = ctx.Process(target=os.getpid)
+    dead.start()
+    dead.join()
+    host = os.uname().nodename.replace("-", "_")
+    debris = version.parent / f".{version.name}-3.tsc-fetch-{host}-{dead.pid}-abcdef12"
+    debris.write_bytes(b"x" * 1000)
+    before = _cache_bytes(cache)
+    planned = tsc.gc(cache, max_bytes=0, dry_run=True)
+    assert _cache_bytes(cache) == before and debris.exists()  # a dry run deletes nothing
+    removed = tsc.gc(cache, max_bytes=0)
+    assert {(r.kind, r.path) for r in removed} == {(r.kind, r.path) for r in planned}
+    assert ("debris", str(debris)) in {(r.kind, r.path) for r in removed}
+    shards = [r for r in removed if r.kind == "remote-shard"]
+    assert len(shards) == 11 and not debris.exists()
+    assert (version / "vectors/c/0/0/0/0").is_file()  # open_one maps shard 0: kept
+    assert not [r for r in removed if r.kind == "remote-version"]  # open: kept
+    np.testing.assert_array_equal(open_one[key(1)], cover(key(1)))
+    np.testing.assert_array_equal(open_one[key(5 * ROWS)], cover(key(5 * ROWS)))  # fetched again
+    open_one.close()
+    removed = tsc.gc(cache, older_than=0)
+    assert [r.kind for r in removed] == ["remote-version"] and removed[0].path == str(version)
+    assert _cache_bytes(cache) == 0
+    again = tsc.open_store(url, cache_dir=cache, storage_options=options)  # downloads anew
+    np.testing.assert_array_equal(again[key(7)], cover(key(7)))

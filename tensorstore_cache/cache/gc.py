@@ -32,6 +32,7 @@ from ..errors import CorruptStoreError, StoreNotFoundError
 from ..format.hashes import HASH_SUFFIX
 from ..fs.locks import BuildLock, read_holder, try_exclusive
 from ..fs.temp import age_text, disk_usage, remove_tree
+from ..remote.budget import NodeCache, collect
 from ..writer.build import build_dir_target, collect_debris
 from .namespace import Namespace
 
@@ -75,7 +76,8 @@ class Removed:
     path: str
     """The file or directory."""
     kind: str
-    """``"namespace"``, ``"part"``, ``"debris"`` or ``"manifest"``."""
+    """``"namespace"``, ``"part"``, ``"debris"``, ``"manifest"``, or in the node cache of
+    remote stores ``"remote-shard"`` or ``"remote-version"``."""
     bytes: int
     """Bytes it took on disk."""
     reason: str
@@ -255,8 +257,12 @@ def gc(
 
     Always: temporary directories of dead builders, parts that are no longer
     current and that no process maps (older than ``grace``), superseded
-    manifests. Optionally whole namespaces, by age and by total size.
-    Namespaces whose build lock is held are never touched.
+    manifests, downloads left by dead processes in the node cache of remote
+    stores (``<cache_dir>/remote``). Optionally whole namespaces and remote
+    versions, by age and by total size; under ``max_bytes`` the node cache's
+    shards and versions (least recently used first; they can be downloaded
+    again) go before any namespace. Namespaces whose build lock is held,
+    and shards or versions a live process maps or has open, are never touched.
 
     Parameters
     ----------
@@ -264,8 +270,9 @@ def gc(
         The cache directory (default ``$TSC_CACHE_DIR``, else
         ``~/.cache/tensorstore_cache``).
     older_than
-        Delete namespaces not used (opened by ``cached()`` or ``open_store``)
-        for this long: seconds or a :class:`~datetime.timedelta`.
+        Delete namespaces not used (opened by ``cached()`` or ``open_store``),
+        and versions of remote stores not opened, for this long: seconds or
+        a :class:`~datetime.timedelta`.
     max_bytes
         Then delete least recently used namespaces until the directory
         holds at most this many bytes.
@@ -314,10 +321,17 @@ def gc(
             kept.append((used, disk_usage(ns.root), ns))
         finally:
             lock.release()
+    remote = root / "remote"
+    total = sum(size for _used, size, _ns in kept)
+    if dry_run:
+        total -= sum(r.bytes for r in out if r.kind != "namespace")
+    remote_bytes = NodeCache(remote).scan_only().total
+    need = 0 if max_bytes is None else total + remote_bytes - max_bytes
+    # remote copies go first: they can be downloaded again, a namespace's vectors cannot
+    collected = collect(remote, older_than=old, need=need, grace=grace_s, dry_run=dry_run)
+    out.extend(Removed(str(c.path), c.kind, c.size, c.reason) for c in collected)
+    total += remote_bytes - sum(c.size for c in collected)
     if max_bytes is not None:
-        total = sum(size for _used, size, _ns in kept)
-        if dry_run:
-            total -= sum(r.bytes for r in out if r.kind != "namespace")
         for used, size, ns in sorted(kept, key=lambda t: t[0]):
             if total <= max_bytes:
                 break

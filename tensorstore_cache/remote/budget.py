@@ -38,9 +38,9 @@ from .. import config
 from ..format.metadata import VECTORS
 from ..fs.holds import probe_exclusive, unlock
 from ..fs.locks import locks_enabled
-from ..fs.temp import disk_usage, owner_dead, remove_tree, temp_sibling
+from ..fs.temp import age_text, disk_usage, owner_dead, remove_tree, temp_sibling
 
-__all__ = ["Entry", "NodeCache", "Usage", "requested_cap"]
+__all__ = ["Collected", "Entry", "NodeCache", "Usage", "collect", "requested_cap"]
 
 _LIMIT = "limit.json"
 _EVICT_LOCK = "evict.lock"
@@ -130,7 +130,11 @@ class NodeCache:
 
     # -- usage -------------------------------------------------------------
 
-    def scan(self) -> Usage:
+    def scan_only(self) -> Usage:
+        """Measure every file under the cache, removing nothing."""
+        return self.scan(collect=False)
+
+    def scan(self, *, collect: bool = True) -> Usage:
         """Measure every file under the cache; remove downloads of dead processes."""
         usage = Usage()
         try:
@@ -143,7 +147,8 @@ class NodeCache:
             for entry in os.scandir(store.path):
                 name = entry.name
                 if name.startswith("."):
-                    if config.FETCH_MARK in name and owner_dead(name.split(config.FETCH_MARK, 1)[1]):
+                    dead = config.FETCH_MARK in name and owner_dead(name.split(config.FETCH_MARK, 1)[1])
+                    if collect and dead:
                         remove_tree(Path(entry.path))
                     else:
                         usage.total += disk_usage(Path(entry.path))
@@ -251,7 +256,7 @@ class NodeCache:
                             return None, 0
                         slack = min(cap // 8, 8 * nbytes)
                         need = total + nbytes - (cap - slack)
-                        total -= need - self._evict(usage, need, keep=(version, k))
+                        total -= sum(c.size for c in self._evict(usage, need, keep=(version, k)))
                         over = total + nbytes - cap
                 self._write(fd, total + nbytes)
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -280,8 +285,14 @@ class NodeCache:
             if total is not None:
                 self._write(fd, total - nbytes)
 
-    def _evict(self, usage: Usage, need: int, keep: tuple[Path, int]) -> int:
-        """Delete least recently used unheld entries until ``need`` bytes are freed; return what is left."""
+    def _evict(
+        self, usage: Usage, need: int, keep: tuple[Path, int], *, dry_run: bool = False
+    ) -> list[Collected]:
+        """Delete least recently used unheld entries until ``need`` bytes are freed.
+
+        Returns what went; ``need`` minus their sizes is what is left to free.
+        """
+        out: list[Collected] = []
         fds: dict[Path, int] = {}
         gone: set[Path] = set()  # versions removed as a whole
         now = time.time()
@@ -307,16 +318,20 @@ class NodeCache:
                 try:
                     if e.k == -1:
                         gone.add(e.version)
-                        need -= sum(x.size for x in usage.entries if x.version == e.version)
-                        remove_tree(e.version, temp_sibling(e.version, config.GC_MARK))
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(holds)
-                        usage.entries = [x for x in usage.entries if x.version != e.version]
+                        size = sum(x.size for x in usage.entries if x.version == e.version)
+                        out.append(Collected(e.version, "remote-version", size, "least recently used"))
+                        if not dry_run:
+                            remove_tree(e.version, temp_sibling(e.version, config.GC_MARK))
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(holds)
                     else:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(e.path)
-                        _prune(e.path, e.version)
-                        need -= e.size
+                        size = e.size
+                        out.append(Collected(e.path, "remote-shard", size, "least recently used"))
+                        if not dry_run:
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(e.path)
+                            _prune(e.path, e.version)
+                    need -= size
                 finally:
                     if got:
                         unlock(fd, start, length)
@@ -324,7 +339,110 @@ class NodeCache:
             for fd in fds.values():
                 if fd >= 0:
                     os.close(fd)
-        return need
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """Something :meth:`NodeCache.collect` removed (or would remove)."""
+
+    path: Path
+    kind: str
+    size: int
+    reason: str
+
+
+def _partials(root: Path) -> list[tuple[Path, str]]:
+    """Every download in progress or left behind: ``(path, owner tail)``."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for store in os.scandir(root):
+            if not store.is_dir(follow_symlinks=False) or store.name.startswith("."):
+                continue
+            for entry in os.scandir(store.path):
+                if entry.name.startswith(".") and config.FETCH_MARK in entry.name:
+                    out.append((Path(entry.path), entry.name.split(config.FETCH_MARK, 1)[1]))
+                elif entry.name.startswith(".") and config.GC_MARK in entry.name:
+                    out.append((Path(entry.path), ""))
+    return out
+
+
+def collect(
+    root: Path, *, older_than: float | None, need: int, grace: float, dry_run: bool
+) -> list[Collected]:
+    """Housekeeping of the node cache ``root`` (``<cache_dir>/remote``), for ``gc``.
+
+    Removes downloads left by dead processes (and by any process, once older
+    than ``grace``), versions no process has open and unused for
+    ``older_than`` seconds, then least recently used shards and closed
+    versions until ``need`` bytes are freed. Never anything a live process
+    maps or has open.
+    """
+    cache = NodeCache(root)
+    out: list[Collected] = []
+    now = time.time()
+    with cache._ledger() as ledger:
+        for path, tail in _partials(root):
+            try:
+                age = now - path.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if tail and not owner_dead(tail) and age <= grace:
+                continue  # a download in progress
+            reason = "left by a dead download" if tail else "left by an interrupted removal"
+            out.append(Collected(path, "debris", disk_usage(path), reason))
+            if not dry_run:
+                remove_tree(path)
+        usage = cache.scan() if not dry_run else cache.scan_only()
+        for e in sorted(usage.entries, key=lambda e: e.last_used):
+            if e.k != -1 or older_than is None or now - e.last_used <= older_than:
+                continue
+            freed = _probe_version(e.version)
+            if freed is None:
+                continue  # open in a process
+            size = sum(x.size for x in usage.entries if x.version == e.version)
+            out.append(Collected(e.version, "remote-version", size,
+                                 f"unused for {age_text(now - e.last_used)}"))
+            usage.entries = [x for x in usage.entries if x.version != e.version]
+            need -= size
+            if not dry_run:
+                _drop_version(e.version, freed)
+            elif freed >= 0:
+                os.close(freed)
+        if need > 0:
+            out.extend(cache._evict(usage, need, keep=(root, -2), dry_run=dry_run))
+        if not dry_run:
+            cache._write(ledger, cache.scan_only().total)
+    return out
+
+
+def _probe_version(version: Path) -> int | None:
+    """Lock a whole version's holds file if nobody has it open: its descriptor (-1: no file
+    or no locks), or None if it is open somewhere."""
+    holds = version.with_name(version.name + HOLDS_SUFFIX)
+    try:
+        fd = os.open(holds, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    got = probe_exclusive(fd, 0, 0)
+    if got is False:
+        os.close(fd)
+        return None
+    if got is None:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _drop_version(version: Path, fd: int) -> None:
+    """Delete a version directory and its holds file (``fd``: the whole-file lock, closed here)."""
+    try:
+        remove_tree(version, temp_sibling(version, config.GC_MARK))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(version.with_name(version.name + HOLDS_SUFFIX))
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _prune(leaf: Path, version: Path) -> None:

@@ -378,6 +378,8 @@ def collect(
     versions until ``need`` bytes are freed. Never anything a live process
     maps or has open.
     """
+    if not root.is_dir():
+        return []  # no remote store was ever opened here: create nothing
     cache = NodeCache(root)
     out: list[Collected] = []
     now = time.time()

@@ -1,24 +1,25 @@
-"""Copying the store at an fsspec URL into the node-local cache, once per node and version.
+"""Opening the store at an fsspec URL in the node cache: its metadata and index, once per version.
 
-A memory map needs a local file, so a remote store is first copied into a
-node-local cache directory and mapped from there::
+A memory map needs a local file, so a remote store is read through a
+node-local cache directory::
 
     <cache_dir>/remote/<name>-<hash of URL>/<XXH3-128 of the remote group zarr.json>/
 
-The copy is made once per node and per version of the store:
+Opening fetches the metadata and the index only, once per node and version:
 
 1. read the remote group ``zarr.json`` (one small request) and hash it; if
-   that version is already here, map it: no other request is made;
+   that version is already here, open it: no other request is made;
 2. otherwise take an exclusive ``flock`` on ``<version>.lock`` (processes of
    the node asking at the same moment wait here), look again, and download
    into a hidden sibling directory: the group and array metadata first, then
-   every file the group's ``files`` list names, each checked against its
-   recorded size and XXH3-128 and fsynced;
+   the index files the group's ``files`` list names, each checked against
+   its recorded size and XXH3-128 and fsynced;
 3. publish the directory with one ``rename``.
 
-A reader never maps a partial copy, a damaged download is never published,
-and a store changed remotely (a different group ``zarr.json``) gets a new
-local copy. Copies are immutable.
+Shards are fetched into that directory when first read
+(:mod:`tensorstore_cache.remote.shards`). A reader never sees a partial
+file, a damaged download is never published, and a store changed remotely
+(a different group ``zarr.json``) gets a new version directory.
 
 Uploading a store is :mod:`tensorstore_cache.remote.upload`.
 """
@@ -152,7 +153,7 @@ def fetch_store(
     lock_timeout: float | None = None,
     attempts: int = 3,
 ) -> Path:
-    """Make sure the current version of the store at ``url`` is copied locally; return the copy.
+    """Make sure the metadata and index of the current version of ``url`` are here; return them.
 
     Parameters
     ----------
@@ -175,7 +176,8 @@ def fetch_store(
     Returns
     -------
     pathlib.Path
-        The local, complete, verified copy (never modified afterwards).
+        The version directory: metadata and index verified, shards added as
+        they are fetched (never modified otherwise).
 
     Raises
     ------

@@ -434,6 +434,8 @@ class Segment:
     def _trim(self, keep: Sequence[int]) -> None:
         """Unmap least recently used shards beyond the budget (under the lock)."""
         assert self._budget is not None and self._supply is not None
+        if len(self._used) <= self._budget:
+            return
         kept = set(keep)
         for k in list(self._used):
             if len(self._used) <= self._budget:
@@ -450,6 +452,11 @@ class Segment:
 
     def _copy_row(self, row: int) -> npt.NDArray[np.generic]:
         k, i = divmod(row, self.rows_per_shard)
+        with self._lock:  # the hot path: its shard is mapped
+            shard = self._shards[k]
+            if shard is not None:
+                self._used.move_to_end(k)
+                return (shard.rows[i] if shard.rows is not None else shard.row(i)).copy()
         out = np.empty(self.item_shape, dtype=self.dtype)
 
         def read() -> None:

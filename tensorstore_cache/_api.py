@@ -27,7 +27,7 @@ from .errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError
 from .format.keys import normalize_keys
 from .format.metadata import GROUP
 from .format.verify import Problem, VerifyReport, verify_segment, verify_segments
-from .fs.mounts import mount_of
+from .fs.mounts import network_mount
 from .fs.temp import remove_tree
 from .loaders import Loader, resolve_loader
 from .reader.store import CacheStore, open_directory
@@ -146,10 +146,9 @@ def open_store(
 def _on_network(root: Path) -> bool:
     """Whether ``root`` lies on a network filesystem (False when unknown or missing)."""
     try:
-        mount = mount_of(root) if root.exists() else None
+        return root.exists() and network_mount(root) is not None
     except OSError:
         return False
-    return mount is not None and mount.network
 
 
 def _check_cache_local(cache_dir: str | os.PathLike[str] | None, local_copy: LocalCopy) -> None:
@@ -159,10 +158,10 @@ def _check_cache_local(cache_dir: str | os.PathLike[str] | None, local_copy: Loc
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     try:
-        mount = mount_of(probe)
+        mount = network_mount(probe)
     except OSError:
         return
-    if mount is None or not mount.network:
+    if mount is None:
         return
     message = (
         f"the node cache {where} is on a network filesystem, {mount.describe()}: shards "

@@ -302,6 +302,12 @@ def nfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     table = tmp_path / "mountinfo"
     table.write_text(real + f"999 1 0:99 / {mnt} rw,relatime - nfs4 filer:/export rw,vers=4.2\n")
     monkeypatch.setattr(mounts, "MOUNTINFO", str(table))
+    local = mounts.statfs_type
+
+    def statfs(path: str) -> int | None:  # what statfs says on an NFS client: NFS_SUPER_MAGIC
+        return 0x6969 if Path(path).is_relative_to(mnt) else local(path)
+
+    monkeypatch.setattr(mounts, "statfs_type", statfs)
     return mnt
 
 

@@ -70,3 +70,13 @@ def test_real_table_says_this_disk_is_local(tmp_path: Path) -> None:
     m = mounts.mount_of(tmp_path)
     assert m is not None and not m.network
     assert mounts._libc_statfs_type(str(tmp_path)) not in (None, 0x6969)
+
+
+def test_network_mount_asks_statfs_first(table: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mounts, "statfs_type", lambda p: 0xEF53)  # ext4: no table needed
+    assert mounts.network_mount(table / "nfs") is None
+    monkeypatch.setattr(mounts, "statfs_type", lambda p: 0x6969)
+    m = mounts.network_mount(table / "nfs")
+    assert m is not None and m.fstype == "nfs4"
+    assert mounts.network_mount(table / "ovl") is None  # fuse-overlayfs: local
+    assert mounts.network_mount(tmp := table / "local") is None and tmp.is_dir()

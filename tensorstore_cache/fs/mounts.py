@@ -8,6 +8,8 @@ containers) and other FUSE filesystems over local storage are local.
 
 Both sources are module attributes so tests can stand in a mount table or a
 ``statfs`` answer: ``MOUNTINFO`` (a path) and ``statfs_type`` (a function).
+:func:`network_mount` asks ``statfs`` first (one system call answers for ext4,
+xfs, btrfs, tmpfs, overlayfs, ...) and reads the mount table only otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MOUNTINFO", "Mount", "mount_of", "parse_mountinfo", "statfs_type"]
+__all__ = ["MOUNTINFO", "Mount", "mount_of", "network_mount", "parse_mountinfo", "statfs_type"]
 
 #: The mount table read by :func:`mount_of` (tests point it at a file of their own).
 MOUNTINFO = "/proc/self/mountinfo"
@@ -109,22 +111,47 @@ def _covers(point: str, path: str) -> bool:
     return point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
 
 
+_libc: Any = None
+if sys.platform.startswith("linux"):
+    try:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover - no libc
+        _libc = None
+
+
 def _libc_statfs_type(path: str) -> int | None:
     """``f_type`` of ``statfs(path)``, or ``None`` where it cannot be asked."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:  # pragma: no cover - no libc
+    if _libc is None:
         return None
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
-    if libc.statfs(os.fsencode(path), buf) != 0:
+    if _libc.statfs(os.fsencode(path), buf) != 0:
         return None
     return int(ctypes.c_long.from_buffer(buf).value) & 0xFFFFFFFF
 
 
 #: ``f_type`` of a path's filesystem (tests stand in their own answer).
 statfs_type: Any = _libc_statfs_type
+
+
+# statfs f_type of common local filesystems: a path on one of them needs no mount table
+# (ext2/3/4, xfs, btrfs, tmpfs, overlayfs, zfs, f2fs, ramfs, squashfs, erofs).
+_LOCAL_MAGIC = frozenset({
+    0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0x794C7630, 0x2FC12FC1, 0xF2F52010,
+    0x858458F6, 0x73717368, 0xE0F5E1E2,
+})
+
+
+def network_mount(path: str | os.PathLike[str]) -> Mount | None:
+    """Return the network filesystem holding ``path``, or ``None`` if it is local (or unknown).
+
+    One ``statfs`` answers for the common local filesystems; the mount table
+    is read only for the others (FUSE, network, unusual types).
+    """
+    real = os.path.realpath(os.fspath(path))
+    if statfs_type(real) in _LOCAL_MAGIC:
+        return None
+    mount = mount_of(real)
+    return mount if mount is not None and mount.network else None
 
 
 def mount_of(path: str | os.PathLike[str]) -> Mount | None:

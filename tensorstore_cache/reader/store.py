@@ -170,7 +170,13 @@ class CacheStore:
             raise ValueError(f"store {self._location!r} is closed")
 
     def __getitem__(self, path: str | os.PathLike[str]) -> npt.NDArray[Any]:
-        """Return the vector of ``path`` as a copy-on-write view."""
+        """Return the vector of ``path`` as a copy-on-write view.
+
+        A store opened from a URL with a cap of its node cache (``max_bytes``,
+        ``$TSC_CACHE_MAX_BYTES`` or a cap recorded in the cache) returns a copy
+        instead: it unmaps shards it no longer uses, and a view could point into
+        one of them.
+        """
         if self._closed:
             self._check_open()
         single = self._single
@@ -327,7 +333,9 @@ class CacheStore:
 
         Checks each segment's metadata, the size and XXH3-128 of every data
         and index file, and that no file is missing and none was added. It
-        reads the whole store once (at disk speed) and changes nothing.
+        reads the whole store once (at disk speed) and changes nothing. A
+        store opened from a URL first fetches the shards it does not have yet
+        (each checked as it arrives; under a cap, only what fits).
 
         Raises
         ------

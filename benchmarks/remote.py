@@ -12,8 +12,9 @@ Scenarios
 first batch    open + one ``take`` of 256 random rows: lazy (shards on demand) vs
                whole copy (open + ``prefetch()`` of every shard, as a copy of the
                whole store before the first read).
-fraction       reading 1 %, 10 %, 100 % of the rows (random subset, batches of 256),
-               lazy vs whole copy.
+fraction       reading 1 %, 10 %, 100 % of the rows in batches of 256: a random subset,
+               and one contiguous range of rows (a subset of the paths in build order,
+               e.g. a fold or a class), lazy vs whole copy.
 capped         on a warm node cache: ``store[p]`` and ``take`` of 256 random rows per
                second, uncapped (views of one contiguous mapping) vs capped
                (``max_bytes``: copies, a budget of mapped shards).
@@ -67,7 +68,12 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         store.take(rows)
         out["first_batch_s"] = time.perf_counter() - t0
     elif mode == "fraction":
-        rows = rng.permutation(n)[: max(1, int(n * spec["fraction"]))]
+        count = max(1, int(n * spec["fraction"]))
+        if spec.get("contiguous"):  # a subset of the paths in build order (a fold, a class)
+            first = int(rng.integers(0, n - count + 1))
+            rows = rng.permutation(np.arange(first, first + count))
+        else:
+            rows = rng.permutation(n)[:count]
         for start in range(0, len(rows), 256):
             store.take(rows[start : start + 256])
         out["total_s"] = time.perf_counter() - t0
@@ -108,7 +114,7 @@ def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=5_000, help="covers in the store")
+    parser.add_argument("--n", type=int, default=20_000, help="covers in the store")
     parser.add_argument("--shard-bytes", type=int, default=1 << 20)
     parser.add_argument("--url", default=None, help="a real bucket instead of moto")
     parser.add_argument("--storage-options", default="{}", help="JSON, with --url")
@@ -188,7 +194,11 @@ def main(argv: list[str] | None = None) -> None:
             for fraction in (0.01, 0.1, 1.0):
                 r = measure(mode="fraction", fraction=fraction)
                 results["fraction"][str(fraction)] = r
-                row(f"read {fraction:.0%} of rows, lazy", r, "total_s")
+                row(f"read {fraction:.0%} of rows (random), lazy", r, "total_s")
+                if fraction < 1:
+                    r = measure(mode="fraction", fraction=fraction, contiguous=True)
+                    results["fraction"][f"{fraction}-contiguous"] = r
+                    row(f"read {fraction:.0%} of rows (one range of paths), lazy", r, "total_s")
             w = measure(mode="fraction", fraction=1.0, whole=True)
             results["fraction"]["whole"] = w
             row("read 100% of rows, whole copy first", w, "total_s")

@@ -17,6 +17,7 @@ from .cache.gc import CacheInfo, Removed, gc, list_caches
 from .config import __version__
 from .errors import (
     BuildError,
+    CacheLimitWarning,
     CorruptStoreError,
     KeyNotInStoreError,
     ReentrantBuildError,
@@ -25,6 +26,7 @@ from .errors import (
     StoreLockedError,
     StoreNotFoundError,
     StorePermissionWarning,
+    StoreReplacedError,
     TensorStoreCacheError,
     UntrustedCacheError,
 )
@@ -36,6 +38,7 @@ from .reader.store import CacheStore
 __all__ = [
     "BuildError",
     "CacheInfo",
+    "CacheLimitWarning",
     "CacheStore",
     "CorruptStoreError",
     "FORMAT_VERSION",
@@ -48,6 +51,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StorePermissionWarning",
+    "StoreReplacedError",
     "StoreSpec",
     "TensorStoreCacheError",
     "UntrustedCacheError",

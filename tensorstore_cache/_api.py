@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
 from pathlib import Path
@@ -21,18 +22,21 @@ import numpy as np
 from . import config
 from .cache.cached import CacheOptions, cached_store
 from .cache.namespace import is_namespace, open_namespace
-from .config import Check, OnError, OnStale, check_mode
-from .errors import CorruptStoreError
+from .config import Check, LocalCopy, OnError, OnStale, check_mode
+from .errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError
 from .format.keys import normalize_keys
 from .format.metadata import GROUP
 from .format.verify import Problem, VerifyReport, verify_segment, verify_segments
+from .fs.mounts import network_mount
 from .fs.temp import remove_tree
 from .fs.trust import Trust, resolve_trust
 from .loaders import Loader, resolve_loader
 from .reader.store import CacheStore, open_directory
+from .remote.budget import requested_cap
 from .remote.fetch import fetch_store
+from .remote.shards import NodeShards
 from .remote.upload import check_target, staging_dir, upload_store
-from .remote.urls import file_url_path, is_url, open_url_dir
+from .remote.urls import file_url_path, is_url, open_url_dir, remote_cache_root
 from .writer.build import BuildOptions, build
 
 __all__ = ["build_store", "cached", "open_store", "verify_store"]
@@ -44,6 +48,9 @@ def open_store(
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     share_with: str | int | None = None,
+    max_bytes: int | None = None,
+    prefetch: bool = False,
+    local_copy: LocalCopy = "auto",
 ) -> CacheStore:
     """Open a store read-only, mapping its files (no data is read or copied).
 
@@ -52,14 +59,21 @@ def open_store(
     path
         The store directory written by :func:`build_store`, or an fsspec URL
         of one (``s3://bucket/covers.tsc``, ``gs://...``; needs the
-        ``remote`` extra). A remote store is copied once per node into
-        ``<cache_dir>/remote/`` (downloaded, every file checked against its
-        recorded checksum, published atomically; processes of the node that
-        ask at the same time wait for one copy) and mapped from there; a
-        changed remote store gets a new copy. ``file://`` URLs are local.
+        ``remote`` extra). A remote store is opened lazily through the node
+        cache ``<cache_dir>/remote/``: opening downloads its metadata and
+        index only (checked against their recorded sizes and XXH3-128,
+        published by one rename); each shard is downloaded the first time
+        one of its rows is read (``store[p]``, ``take``, ``stack``, ``series``,
+        a ``StoreDataset``), checked, published into the node cache by
+        rename and mapped. ``take`` fetches the missing shards of a batch
+        concurrently. Processes of the node (same user) asking for one shard
+        at once download it once; a changed remote store gets a new version
+        directory. ``file://`` URLs are local paths.
     cache_dir
-        For URLs: where the node-local copy goes (default ``$TSC_CACHE_DIR``,
-        else ``~/.cache/tensorstore_cache``).
+        For URLs and network paths: the node cache (default
+        ``$TSC_CACHE_DIR``, else ``~/.cache/tensorstore_cache``). It must be on
+        a local disk: on a network filesystem it is refused with
+        ``local_copy="always"`` and warned about otherwise.
     storage_options
         For URLs: options of the fsspec filesystem (credentials,
         ``endpoint_url``, ...).
@@ -67,6 +81,25 @@ def open_store(
         For URLs: the node copy lies in a cache shared with this group (a
         name or a numeric gid; default ``$TSC_CACHE_GROUP``, else a private
         cache); see :func:`cached`.
+    max_bytes
+        Cap of the node cache's downloaded files, all stores together (also
+        ``$TSC_CACHE_MAX_BYTES``; the smaller wins). Least recently used
+        shards are evicted to make room, never one that a live process maps;
+        if everything is mapped, the cache grows past the cap and says so
+        once (:class:`CacheLimitWarning`). The cap is recorded in the cache:
+        when processes ask for different caps the smallest wins and stays
+        until ``<cache_dir>/remote/limit.json`` is deleted.
+    prefetch
+        Start fetching every shard in a background thread at once (see
+        :meth:`CacheStore.prefetch`).
+    local_copy
+        For a store opened by path: ``"auto"`` (default) reads a store on a
+        network filesystem (NFS, SMB/CIFS, Lustre, GPFS, BeeGFS, CephFS, a
+        FUSE mount other than a known local one) through the node cache, so
+        that no process maps a file that lives on the network (a memory map
+        over a network mount pages over it and dies with ``SIGBUS`` when the
+        server hiccups); ``"always"`` does so for any path; ``"never"`` maps
+        the files in place.
 
     Returns
     -------
@@ -83,6 +116,11 @@ def open_store(
         For URLs: if the node copy, or a directory above it, could have been
         written by someone the cache does not trust (see :func:`cached`).
 
+    ValueError
+        If an option is invalid (``local_copy="never"`` with a URL, a
+        non-positive ``max_bytes``, a node cache on a network filesystem with
+        ``local_copy="always"``).
+
     Warns
     -----
     StorePermissionWarning
@@ -95,17 +133,67 @@ def open_store(
     >>> store = open_store("covers.tsc")  # doctest: +SKIP
     >>> store.spec.item_shape             # doctest: +SKIP
     (3, 32, 32)
+    >>> store = open_store("s3://bucket/covers.tsc", cache_dir="/nvme/tsc",
+    ...                    max_bytes=50 << 30)  # doctest: +SKIP
     """
+    check_mode("local_copy", local_copy, LocalCopy)
+    requested_cap(max_bytes)  # checks the value and $TSC_CACHE_MAX_BYTES
     if isinstance(path, str) and is_url(path):
         local = file_url_path(path)
         if local is None:
-            return _open_url(path, cache_dir, storage_options, resolve_trust(share_with))
+            if local_copy == "never":
+                raise ValueError(
+                    f"local_copy='never' cannot open {path!r}: a URL is read through the node "
+                    "cache; pass local_copy='auto'"
+                )
+            return _open_url(path, cache_dir, storage_options, resolve_trust(share_with),
+                             max_bytes=max_bytes, prefetch=prefetch, local_copy=local_copy)
         path = local
     root = Path(os.fspath(path))
     trust = Trust.explicit(root)  # a path the user names: warned about, never refused
     if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
         return open_namespace(root, trust=trust)
+    if local_copy == "always" or (local_copy == "auto" and _on_network(root)):
+        if not root.is_dir():
+            raise StoreNotFoundError(f"no store at {str(root)!r}")
+        return _open_url(f"local://{os.path.realpath(root)}", cache_dir, None,
+                         resolve_trust(share_with), max_bytes=max_bytes, prefetch=prefetch,
+                         local_copy=local_copy)
     return open_directory(root, trust=trust)
+
+
+def _on_network(root: Path) -> bool:
+    """Whether ``root`` lies on a network filesystem (False when unknown or missing)."""
+    try:
+        return root.exists() and network_mount(root) is not None
+    except OSError:
+        return False
+
+
+def _check_cache_local(cache_dir: str | os.PathLike[str] | None, local_copy: LocalCopy) -> None:
+    """Refuse (``"always"``) or warn about (otherwise) a node cache on a network filesystem."""
+    where = remote_cache_root(cache_dir)
+    probe = where
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        mount = network_mount(probe)
+    except OSError:
+        return
+    if mount is None:
+        return
+    message = (
+        f"the node cache {where} is on a network filesystem, {mount.describe()}: shards "
+        "mapped from it page over the network; pass cache_dir= a directory on a local disk"
+    )
+    if local_copy == "always":
+        raise ValueError(message)
+    if str(where) not in _WARNED_CACHES:
+        _WARNED_CACHES.add(str(where))
+        warnings.warn(message, CacheLimitWarning, stacklevel=4)
+
+
+_WARNED_CACHES: set[str] = set()
 
 
 def _open_url(
@@ -113,37 +201,60 @@ def _open_url(
     cache_dir: str | os.PathLike[str] | None,
     storage_options: Mapping[str, Any] | None,
     trust: Trust,
+    *,
+    max_bytes: int | None = None,
+    prefetch: bool = False,
+    local_copy: LocalCopy = "auto",
 ) -> CacheStore:
-    """Open the store at ``url`` through this node's copy (made first if missing)."""
+    """Open the store at ``url`` through the node cache (its metadata and index fetched first)."""
+    _check_cache_local(cache_dir, local_copy)
     local = fetch_store(url, cache_dir=cache_dir, storage_options=storage_options, trust=trust)
-    return _open_copy(url, str(local), None if cache_dir is None else os.fspath(cache_dir),
-                      None if storage_options is None else dict(storage_options), trust)
+    store = _open_copy(url, str(local), None if cache_dir is None else os.fspath(cache_dir),
+                       None if storage_options is None else dict(storage_options), trust,
+                       max_bytes)
+    if prefetch:
+        store.prefetch(background=True)
+    return store
 
 
 def _open_copy(
-    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None,
+    url: str,
+    local: str,
+    cache_dir: str | None,
+    storage_options: dict[str, Any] | None,
     trust: Trust,
+    max_bytes: int | None = None,
 ) -> CacheStore:
     # opened from the checked directory of the URL in the node cache, under the cache's rules;
     # pickled, the store reopens this node's copy when it exists (no request), else the URL
-    parent = open_url_dir(url, cache_dir, trust)
+    supply = NodeShards(url, Path(local), storage_options=storage_options, max_bytes=max_bytes)
     try:
-        return open_directory(
-            local, reopen=(_reopen_url, (url, local, cache_dir, storage_options, trust)),
-            trust=trust, parent_fd=parent,
-        )
-    finally:
-        os.close(parent)
+        parent = open_url_dir(url, cache_dir, trust)
+        try:
+            return open_directory(
+                local, supply=supply, budget=supply.budget,
+                reopen=(_reopen_url, (url, local, cache_dir, storage_options, trust, max_bytes)),
+                trust=trust, parent_fd=parent,
+            )
+        finally:
+            os.close(parent)
+    except BaseException:
+        supply.close()
+        raise
 
 
 def _reopen_url(
-    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None,
+    url: str,
+    local: str,
+    cache_dir: str | None,
+    storage_options: dict[str, Any] | None,
     trust: Trust,
+    max_bytes: int | None = None,
 ) -> CacheStore:
     """Unpickle a store opened from a URL: its local copy if this node has it, else the URL."""
     if os.path.isfile(os.path.join(local, GROUP)):
-        return _open_copy(url, local, cache_dir, storage_options, trust)
-    return _open_url(url, cache_dir, storage_options, trust)
+        return _open_copy(url, local, cache_dir, storage_options, trust, max_bytes)
+    return _open_url(url, cache_dir, storage_options, trust, max_bytes=max_bytes)
 
 
 def build_store(
@@ -162,6 +273,7 @@ def build_store(
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     share_with: str | int | None = None,
+    shard_bytes: int = config.SHARD_BYTES,
 ) -> CacheStore:
     """Build a store of one vector per distinct path, publish it atomically, open it.
 
@@ -221,6 +333,12 @@ def build_store(
         For a URL ``out``: the local copy lies in a cache shared with this
         group (default ``$TSC_CACHE_GROUP``, else private); see :func:`cached`.
         A store at a path you name gets your umask's modes.
+    shard_bytes
+        Target size of one shard file (default 32 MiB). A store read from
+        object storage is fetched shard by shard, so smaller shards fetch
+        less for a few rows and larger ones make fewer requests. Rows per
+        shard are rounded down to keep every shard a whole number of memory
+        pages.
 
     Returns
     -------
@@ -246,6 +364,8 @@ def build_store(
     (3, 32, 32)
     """
     check_mode("on_error", on_error, OnError)
+    if type(shard_bytes) is not int or shard_bytes < 1:
+        raise ValueError(f"shard_bytes must be a positive number of bytes, got {shard_bytes!r}")
     url = out if isinstance(out, str) and is_url(out) else None
     if url is not None:
         local = file_url_path(url)
@@ -262,6 +382,7 @@ def build_store(
         progress=progress,
         overwrite=overwrite,
         executor=executor,
+        shard_bytes=shard_bytes,
     )
     keys = list(dict.fromkeys(normalize_keys(paths)))
     if url is None:

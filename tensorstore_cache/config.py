@@ -37,6 +37,7 @@ __all__ = [
     "SHARD_BYTES",
     "Check",
     "Missing",
+    "LocalCopy",
     "OnError",
     "OnStale",
     "__version__",
@@ -50,6 +51,8 @@ __version__ = "0.1.0"
 CACHE_DIR_ENV = "TSC_CACHE_DIR"
 #: Environment variable naming the group caches are shared with (a name or a numeric gid).
 CACHE_GROUP_ENV = "TSC_CACHE_GROUP"
+#: Environment variable capping the node cache of remote stores (bytes; see ``open_store``).
+MAX_BYTES_ENV = "TSC_CACHE_MAX_BYTES"
 #: Environment variable that turns file locking off when set to ``0``.
 LOCKS_ENV = "TSC_CACHE_LOCKS"
 
@@ -71,6 +74,9 @@ SHARD_BYTES = 32 << 20
 BUILD_MARK = ".tsc-build-"
 FETCH_MARK = ".tsc-fetch-"
 GC_MARK = ".tsc-gc-"
+
+LocalCopy = Literal["auto", "always", "never"]
+"""Whether a store opened by path is read through the node cache (``open_store``)."""
 
 OnError = Literal["raise", "skip"]
 """What a build does with a source that fails to load."""

@@ -6,6 +6,7 @@ exception a caller would already catch for the same situation::
     TensorStoreCacheError (Exception)
     ├── BuildError (RuntimeError)            some sources could not be turned into vectors
     ├── CorruptStoreError (ValueError)       files on disk do not match what the store promises
+    │   └── StoreReplacedError               a remote store changed after this process opened it
     ├── KeyNotInStoreError (KeyError)        a looked-up path is not in the store
     ├── ReentrantBuildError (RuntimeError)   a build's own loader or worker asks for that build
     ├── StaleSourceError (ValueError)        cached entries whose source changed since
@@ -18,6 +19,9 @@ exception a caller would already catch for the same situation::
 
 Errors keep their data as attributes and survive pickling, so they travel
 unchanged from worker processes to the caller.
+
+:class:`CacheLimitWarning` (a :class:`RuntimeWarning`) says, once per cause,
+that the node cache of remote stores is over its cap, thrashing, or not local.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 __all__ = [
     "BuildError",
+    "CacheLimitWarning",
     "CorruptStoreError",
     "KeyNotInStoreError",
     "ReentrantBuildError",
@@ -35,6 +40,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StorePermissionWarning",
+    "StoreReplacedError",
     "TensorStoreCacheError",
     "UntrustedCacheError",
 ]
@@ -220,3 +226,15 @@ class StorePermissionWarning(UserWarning):
     not refused; this warning (once per store) says that someone else could
     change what it returns.
     """
+class StoreReplacedError(CorruptStoreError):
+    """The store at a URL was replaced after this process opened it: reopen it.
+
+    Raised for a shard of the opened version that this node had not fetched
+    yet and whose remote bytes no longer match; shards already fetched keep
+    working. ``path`` names the remote object.
+    """
+
+
+class CacheLimitWarning(RuntimeWarning):
+    """The node cache of remote stores needs attention: over its cap (every other shard in
+    it is mapped), thrashing (rows read span more than the cap), or on a network filesystem."""

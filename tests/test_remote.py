@@ -49,6 +49,8 @@ class CountingFS(LocalFileSystem):  # type: ignore[misc]
 
     def cat_file(self, path: str, start: Any = None, end: Any = None, **kw: Any) -> Any:
         self._log("cat", path)
+        if path.endswith(os.environ.get(KILL_AT, "\0")):  # dies mid-download of a shard
+            os.kill(os.getpid(), signal.SIGKILL)
         return super().cat_file(path, start, end, **kw)
 
     def get_file(self, rpath: str, lpath: str, **kw: Any) -> Any:
@@ -137,8 +139,10 @@ def test_changed_remote_store_gets_a_new_copy(images: list[str], tmp_path: Path)
     tsc.build_store(images[:40], url, workers=1, progress=False, cache_dir=tmp_path / "builder")
     old = tsc.open_store(url, cache_dir=cache)
     assert len(old) == 40
+    before = _everything(old)  # its shards are fetched now
     again = tsc.open_store(url, cache_dir=cache)
     assert again.location == old.location  # same version: the same copy, nothing downloaded
+    elsewhere = tsc.open_store(url, cache_dir=tmp_path / "other")  # index only, no shard yet
     with pytest.raises(tsc.StoreExistsError):
         tsc.build_store(images, url, workers=1, progress=False, cache_dir=tmp_path / "builder")
     tsc.build_store(
@@ -148,6 +152,10 @@ def test_changed_remote_store_gets_a_new_copy(images: list[str], tmp_path: Path)
     assert new.location != old.location and len(_versions(cache)) == 2
     assert len(new) == 60 and images[0] not in new and images[0] in old
     np.testing.assert_array_equal(new[images[35]], old[images[35]])
+    np.testing.assert_array_equal(_everything(old), before)  # fetched shards keep working
+    # a shard of the old version this node never fetched: a clear error, never wrong data
+    with pytest.raises(tsc.StoreReplacedError, match="was replaced after this process opened"):
+        elsewhere[images[0]]
     # the overwrite removed the old store's files that the new one does not have
     mem = fsspec.filesystem("memory")
     files = GroupMetadata.read(Path(new.location)).files
@@ -172,9 +180,34 @@ def test_damaged_remote_store_is_never_published(
     else:
         shard.unlink()
     cache = tmp_path / "cache"
+    store = tsc.open_store(f"local://{src}", cache_dir=cache)  # the index only: it is sound
+    np.testing.assert_array_equal(store.take([0]), local_store.take([0]))  # shard 0 is sound
+    with pytest.raises(tsc.CorruptStoreError) as info:
+        store.take([store.spec.rows_per_shard])  # a row of the damaged shard
+    assert info.value.path == f"local://{shard}"  # names the remote object
+    assert not isinstance(info.value, tsc.StoreReplacedError)  # the store did not change
+    assert "damaged" in str(info.value)
+    (version,) = _versions(cache)
+    rel = shard.relative_to(src)
+    assert not (version / rel).exists() and (version / "vectors/c/0/0/0/0").is_file()
+    assert [p.name for p in version.parent.iterdir() if p.name.startswith(".")] == []
+    with pytest.raises(tsc.CorruptStoreError):  # and again: nothing was kept
+        store.take([store.spec.rows_per_shard])
+
+
+def test_damaged_remote_index_is_never_published(
+    local_store: tsc.CacheStore, tmp_path: Path
+) -> None:
+    src = tmp_path / "remote.tsc"
+    shutil.copytree(local_store.location, src)
+    index = src / "key_hash" / "c" / "0"
+    raw = bytearray(index.read_bytes())
+    raw[3] ^= 0xFF
+    index.write_bytes(raw)
+    cache = tmp_path / "cache"
     with pytest.raises(tsc.CorruptStoreError) as info:
         tsc.open_store(f"local://{src}", cache_dir=cache)
-    assert str(shard.relative_to(src)) in str(info.value)
+    assert "key_hash/c/0" in str(info.value)
     assert _versions(cache) == [] and _hidden(cache) == []
 
 
@@ -222,35 +255,50 @@ def test_concurrent_first_opens_download_once(
     lines = _log_lines(log)
     files = GroupMetadata.read(Path(local_store.location)).files
     gets = [path for _pid, what, path in lines if what == "get"]
-    # every file of the store downloaded exactly once, by one process
-    assert sorted(gets) == sorted(f"{local_store.location}/{rel}" for rel in files)
+    shards = sorted(f"{local_store.location}/{rel}" for rel in files if rel.startswith("vectors/c/"))
+    assert len(shards) >= 2
+    # the metadata and index downloaded exactly once, by one process
+    assert sorted(gets) == sorted(
+        f"{local_store.location}/{rel}" for rel in files if not rel.startswith("vectors/c/")
+    )
     assert len({pid for pid, what, _ in lines if what == "get"}) == 1
-    # each process read the small group zarr.json (to learn the version) and nothing else
-    cats = [(pid, path) for pid, what, path in lines if what == "cat"]
-    assert len(cats) == 4 and {p for _, p in cats} == {f"{local_store.location}/zarr.json"}
+    # each process read the small group zarr.json (to learn the version); every shard was
+    # downloaded once on the node, whoever asked first (the others waited and mapped it)
+    cats = [path for _pid, what, path in lines if what == "cat"]
+    group = f"{local_store.location}/zarr.json"
+    assert cats.count(group) == 4
+    assert sorted(p for p in cats if p != group) == shards
     assert _hidden(cache) == []
 
 
-def _open_quietly(url: str, cache: str) -> None:
-    tsc.open_store(url, cache_dir=cache)
+def _read_all_quietly(url: str, cache: str) -> None:
+    _everything(tsc.open_store(url, cache_dir=cache))
 
 
+@pytest.mark.parametrize("victim", ["key_hash/c/0", "vectors/c/1/0/0/0"])
 def test_download_killed_midway_leaves_nothing_usable_and_is_redone(
-    local_store: tsc.CacheStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_store: tsc.CacheStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: str
 ) -> None:
     url = f"countfs://{local_store.location}"
     cache = tmp_path / "cache"
-    monkeypatch.setenv(KILL_AT, "/vectors/c/1/0/0/0")  # dies while copying the second shard
+    monkeypatch.setenv(KILL_AT, f"/{victim}")  # SIGKILL while downloading an index file or a shard
     ctx = multiprocessing.get_context("spawn")
-    child = ctx.Process(target=_open_quietly, args=(url, str(cache)))
+    child = ctx.Process(target=_read_all_quietly, args=(url, str(cache)))
     child.start()
     child.join(60)
     assert child.exitcode == -signal.SIGKILL
-    assert _versions(cache) == [] and len(_hidden(cache)) == 1  # its download directory
+    if victim.startswith("vectors"):
+        (version,) = _versions(cache)  # the index was published; the shard was not
+        assert not (version / victim).exists()  # no partial shard under its name, ever
+        debris = [p.name for p in version.parent.iterdir() if p.name.startswith(".")]
+        assert any(n.startswith(f".{version.name}-1.tsc-fetch-") for n in debris)  # hidden partial
+    else:
+        assert _versions(cache) == [] and len(_hidden(cache)) == 1  # its download directory
     monkeypatch.delenv(KILL_AT)
-    store = tsc.open_store(url, cache_dir=cache)  # the lock died with it; the debris goes
+    store = tsc.open_store(url, cache_dir=cache)  # the locks died with it; the debris goes
     np.testing.assert_array_equal(_everything(store), _everything(local_store))
-    assert _versions(cache) == [Path(store.location)] and _hidden(cache) == []
+    assert _versions(cache) == [Path(store.location)]
+    assert [p for p in Path(store.location).parent.iterdir() if p.name.startswith(".")] == []
     store.verify()
 
 
@@ -265,6 +313,7 @@ def test_pickled_remote_store_reopens_the_local_copy_without_requests(
     log = tmp_path / "reads.log"
     url = f"countfs://{local_store.location}"
     store = tsc.open_store(url, cache_dir=tmp_path / "cache")
+    _everything(store)  # every shard is on this node now
     blob = pickle.dumps(store)
     monkeypatch.setenv(COUNT_LOG, str(log))
     ctx = multiprocessing.get_context("spawn")
@@ -272,7 +321,7 @@ def test_pickled_remote_store_reopens_the_local_copy_without_requests(
         location, total = pool.apply(_load_pickled, (blob,))
     assert location == store.location
     assert total == float(_everything(local_store).sum(dtype=np.float64))
-    assert _log_lines(log) == []  # the copy is immutable: no request to re-open it
+    assert _log_lines(log) == []  # the node's copy is immutable: no request to re-open it
     shutil.rmtree(tmp_path / "cache")  # a node without the copy goes back to the URL
     again = pickle.loads(blob)
     assert Path(again.location).is_dir() and len(again) == len(local_store)

@@ -40,6 +40,7 @@ from ..format.metadata import shard_count
 from ..fs.locks import BuildLock, is_held, read_holder, try_exclusive
 from ..fs.temp import age_text, disk_usage, remove_tree
 from ..fs.trust import Trust, describe_owner, open_root, resolve_trust, user_name
+from ..remote.budget import NodeCache, collect
 from ..writer.build import build_dir_target, collect_debris
 from .namespace import Namespace
 
@@ -96,8 +97,8 @@ class Removed:
 
     path: str
     """The file or directory."""
-    kind: Literal["namespace", "part", "debris", "manifest"]
-    """What it was."""
+    kind: Literal["namespace", "part", "debris", "manifest", "remote-shard", "remote-version"]
+    """What it was (``"remote-shard"`` and ``"remote-version"``: the node cache of remote stores)."""
     bytes: int
     """Bytes it took on disk."""
     reason: str
@@ -455,9 +456,14 @@ def gc(
 
     Always: temporary directories of dead builders, parts that are no longer
     current and that no process maps (older than ``grace``), superseded
-    manifests. Optionally whole namespaces, by age and by total size.
-    Namespaces whose build lock is held are never touched, and neither is
-    what belongs to other users unless ``all_users`` is given.
+    manifests, downloads left by dead processes in the node cache of remote
+    stores (``<cache_dir>/remote``). Optionally whole namespaces and remote
+    versions, by age and by total size; under ``max_bytes`` the node cache's
+    shards and versions (least recently used first; they can be downloaded
+    again) go before any namespace. Namespaces whose build lock is held,
+    and shards or versions a live process maps or has open, are never
+    touched, and neither is what belongs to other users unless
+    ``all_users`` is given.
 
     Parameters
     ----------
@@ -465,8 +471,9 @@ def gc(
         The cache directory (default ``$TSC_CACHE_DIR``, else
         ``~/.cache/tensorstore_cache``).
     older_than
-        Delete namespaces not used (opened by ``cached()`` or ``open_store``)
-        for this long: seconds or a :class:`~datetime.timedelta`.
+        Delete namespaces not used (opened by ``cached()`` or ``open_store``),
+        and versions of remote stores not opened, for this long: seconds or
+        a :class:`~datetime.timedelta`.
     max_bytes
         Then delete least recently used namespaces until the directory
         holds at most this many bytes.
@@ -531,10 +538,17 @@ def gc(
         finally:
             lock.release()
             ns.close()
+    remote = root / "remote"
+    total = sum(size for _used, size, _ns in kept)
+    if dry_run:
+        total -= sum(r.bytes for r in out if r.kind != "namespace")
+    remote_bytes = NodeCache(remote).scan_only().total
+    need = 0 if max_bytes is None else total + remote_bytes - max_bytes
+    # remote copies go first: they can be downloaded again, a namespace's vectors cannot
+    collected = collect(remote, older_than=old, need=need, grace=grace_s, dry_run=dry_run)
+    out.extend(Removed(str(c.path), c.kind, c.size, c.reason) for c in collected)
+    total += remote_bytes - sum(c.size for c in collected)
     if max_bytes is not None:
-        total = sum(size for _used, size, _ns in kept)
-        if dry_run:
-            total -= sum(r.bytes for r in out if r.kind != "namespace")
         for used, size, ns in sorted(kept, key=lambda t: t[0]):
             if total <= max_bytes:
                 break

@@ -38,6 +38,7 @@ __all__ = [
     "BuildLock",
     "Holder",
     "ReaderHold",
+    "UNSUPPORTED_ERRNOS",
     "is_held",
     "locks_enabled",
     "read_holder",
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 # errno values meaning "this filesystem cannot lock", as opposed to "someone holds it"
-_UNSUPPORTED = frozenset(
+UNSUPPORTED_ERRNOS = frozenset(
     e for e in (
         errno.ENOLCK,
         errno.EOPNOTSUPP,
@@ -188,7 +189,7 @@ class BuildLock:
                 return False
             except OSError as exc:
                 os.close(fd)
-                if exc.errno in _UNSUPPORTED:
+                if exc.errno in UNSUPPORTED_ERRNOS:
                     return None
                 raise
             if _same_file(fd, self.path):
@@ -361,7 +362,7 @@ def try_exclusive(path: Path) -> tuple[bool, int | None]:
         return False, None
     except OSError as exc:
         os.close(fd)
-        if exc.errno in _UNSUPPORTED:
+        if exc.errno in UNSUPPORTED_ERRNOS:
             return True, None
         return False, None
     return True, fd

@@ -22,7 +22,14 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["age_text", "collect_temp_siblings", "disk_usage", "remove_tree", "temp_sibling"]
+__all__ = [
+    "age_text",
+    "collect_temp_siblings",
+    "disk_usage",
+    "owner_dead",
+    "remove_tree",
+    "temp_sibling",
+]
 
 
 def _host() -> str:
@@ -60,15 +67,7 @@ def collect_temp_siblings(
     for entry in entries:
         if not entry.name.startswith(prefix):
             continue
-        owner = entry.name[len(prefix) :].split("-")
-        dead = False
-        if len(owner) == 3 and owner[0] == host and owner[1].isdigit():
-            try:
-                os.kill(int(owner[1]), 0)
-            except ProcessLookupError:
-                dead = True
-            except PermissionError:
-                pass
+        dead = owner_dead(entry.name[len(prefix) :], host)
         try:
             st = entry.lstat()
         except OSError:
@@ -77,7 +76,22 @@ def collect_temp_siblings(
             continue
         old = time.time() - st.st_mtime > max_age_s
         if dead or old:
-            shutil.rmtree(entry, ignore_errors=True)
+            remove_tree(entry)
+
+
+def owner_dead(tail: str, host: str | None = None) -> bool:
+    """Whether the owner named by ``tail`` (``<host>-<pid>-<random>...`` of a temporary
+    sibling's name) is a process of this host that no longer exists."""
+    owner = tail.split("-")
+    if len(owner) != 3 or owner[0] != (host or _host()) or not owner[1].isdigit():
+        return False
+    try:
+        os.kill(int(owner[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def remove_tree(path: Path, aside: Path | None = None) -> bool:

@@ -20,7 +20,9 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -39,6 +41,7 @@ from ..format.metadata import (
 from ..format.shard import MappedShard, map_shard_fd, open_shard
 from ..fs.safe import map_file
 from ..fs.trust import Trust, check_fd, open_dir, open_root
+from ..remote.shards import FetchStats
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["Segment", "ShardSupply"]
@@ -47,11 +50,21 @@ __all__ = ["Segment", "ShardSupply"]
 class ShardSupply(Protocol):
     """Makes shard files present before a segment maps them (shards on demand)."""
 
+    stats: FetchStats
+    """What was fetched so far."""
+
     def ensure(self, shards: Sequence[int]) -> None:
         """Return once the files of ``shards`` are in place, complete (or raise)."""
 
+    def prefetch(self, shards: Sequence[int], *, background: bool = False) -> Future[int]:
+        """Fetch ``shards`` ahead of reads; a future of the number downloaded."""
+
+    def release(self, k: int) -> None:
+        """Shard ``k`` is no longer mapped (one :meth:`ensure` of it is given back)."""
+
     def close(self) -> None:
         """The segment is closed: nothing more will be asked."""
+
 
 _UNREAD: Any = object()
 _bisect_left = bisect.bisect_left
@@ -105,6 +118,13 @@ class Segment:
         Asked for the shards about to be mapped for the first time (all the
         shards of one batch at once); their files are then checked like any
         other (size, index checksum). None: every file is already there.
+    budget
+        Most shards mapped at once (with a ``supply`` only). None: a shard
+        stays mapped until the segment closes, and rows are views. A number:
+        least recently used shards are unmapped (and given back to the
+        supply) beyond it, so rows are returned as copies, never views that
+        could point into a released shard; a batch spanning more shards is
+        gathered in groups of ``budget`` shards.
     trust
         Whose directories and files may be read: checked on the store
         directory and every directory and file opened in it, now and when a
@@ -121,11 +141,14 @@ class Segment:
         root: Path,
         *,
         supply: ShardSupply | None = None,
+        budget: int | None = None,
         trust: Trust | None = None,
         parent_fd: int | None = None,
     ) -> None:
         self.root = root
         self._supply = supply
+        self._budget = None if supply is None or budget is None else max(1, int(budget))
+        self._used: OrderedDict[int, None] = OrderedDict()  # mapped shards, LRU first (budget)
         self.trust = trust if trust is not None else Trust.explicit(root)
         """Whose files this segment reads (see :class:`~tensorstore_cache.fs.trust.Trust`)."""
         # Every file is opened relative to this descriptor, so the segment keeps
@@ -359,7 +382,7 @@ class Segment:
             for k in todo:
                 if self._shards[k] is None:
                     self._shards[k] = self._map(k)
-            if all(x is not None for x in self._shards):
+            if self._budget is None and all(x is not None for x in self._shards):
                 self._all_mapped = True
                 if self._vrows is not None:  # every row in one contiguous view from now on
                     self.all_rows = self._vrows.rows
@@ -410,8 +433,80 @@ class Segment:
         finally:
             os.close(fd)
 
+    # -- a budget of mapped shards ---------------------------------------------
+
+    def _with_mapped(self, ks: Sequence[int], read: Callable[[], None]) -> None:
+        """Run ``read`` under the lock while every shard of ``ks`` is mapped (budget mode).
+
+        Downloads happen outside the lock; shards another thread unmapped
+        meanwhile are asked for again. Afterwards the least recently used
+        shards beyond the budget are unmapped and given back to the supply.
+        """
+        supply = self._supply
+        assert supply is not None and self._budget is not None
+        while True:
+            missing = [k for k in ks if self._shards[k] is None]
+            if missing:
+                supply.ensure(missing)  # one hold each, kept while mapped
+            with self._lock:
+                for k in missing:
+                    if self._shards[k] is None:
+                        try:
+                            self._shards[k] = self._map(k)
+                        except BaseException:
+                            supply.release(k)
+                            raise
+                    else:  # another thread mapped it meanwhile: our hold is one too many
+                        supply.release(k)
+                if any(self._shards[k] is None for k in ks):
+                    continue  # unmapped by another thread before we locked: again
+                for k in ks:
+                    self._used[k] = None
+                    self._used.move_to_end(k)
+                read()
+                self._trim(keep=ks)
+                return
+
+    def _trim(self, keep: Sequence[int]) -> None:
+        """Unmap least recently used shards beyond the budget (under the lock)."""
+        assert self._budget is not None and self._supply is not None
+        if len(self._used) <= self._budget:
+            return
+        kept = set(keep)
+        for k in list(self._used):
+            if len(self._used) <= self._budget:
+                return
+            if k in kept:
+                continue
+            del self._used[k]
+            vrows = self._vrows
+            if vrows is not None and self._vmapped[k]:
+                vrows.unmap_shard(k)
+                self._vmapped[k] = False
+            self._shards[k] = None
+            self._supply.release(k)
+
+    def _copy_row(self, row: int) -> npt.NDArray[np.generic]:
+        k, i = divmod(row, self.rows_per_shard)
+        with self._lock:  # the hot path: its shard is mapped
+            shard = self._shards[k]
+            if shard is not None:
+                self._used.move_to_end(k)
+                return (shard.rows[i] if shard.rows is not None else shard.row(i)).copy()
+        out = np.empty(self.item_shape, dtype=self.dtype)
+
+        def read() -> None:
+            shard = self._shards[k]
+            assert shard is not None
+            out[...] = shard.rows[i] if shard.rows is not None else shard.row(i)
+
+        self._with_mapped([k], read)
+        return out
+
     def row(self, row: int) -> npt.NDArray[np.generic]:
-        """Return a copy-on-write view of one row."""
+        """Return a copy-on-write view of one row (a copy when shards are released, see budget)."""
+        if self._budget is not None:
+            return self._copy_row(row)
         every = self.all_rows
         if every is not None:
             view: npt.NDArray[np.generic] = every[row]
@@ -433,6 +528,9 @@ class Segment:
             return
         s = self.rows_per_shard
         shard_ids = rows // s
+        if self._budget is not None:
+            self._gather_budget(rows, shard_ids, out)
+            return
         if not self._all_mapped:
             self._map_shards(np.unique(shard_ids).tolist())
         vrows = self._vrows  # None if mapping found rows out of layout order
@@ -450,6 +548,65 @@ class Segment:
                 for j, i in zip(sel.tolist(), local.tolist(), strict=True):
                     out[j] = shard.row(i)
 
+    def _gather_budget(
+        self, rows: npt.NDArray[np.int64], shard_ids: npt.NDArray[np.int64],
+        out: npt.NDArray[np.generic],
+    ) -> None:
+        """Gather under a budget of mapped shards: in groups, shards already mapped first."""
+        assert self._budget is not None
+        ks = np.unique(shard_ids).tolist()
+        ks.sort(key=lambda k: self._shards[k] is None)  # stable: mapped ones first
+        budget = self._budget
+        whole = len(ks) <= budget
+        for start in range(0, len(ks), budget):
+            group = ks[start : start + budget]
+            sel = None if whole else np.flatnonzero(np.isin(shard_ids, group))
+
+            def read(group: list[int] = group, sel: Any = sel) -> None:
+                vrows = self._vrows
+                if vrows is not None and all(self._vmapped[k] for k in group):
+                    if sel is None:
+                        np.take(vrows.rows, rows, axis=0, out=out, mode="clip")
+                    else:
+                        out[sel] = np.take(vrows.rows, rows[sel], axis=0, mode="clip")
+                    return
+                for k in group:
+                    shard = self._shards[k]
+                    assert shard is not None
+                    mine = np.flatnonzero(shard_ids == k)
+                    local = rows[mine] - k * self.rows_per_shard
+                    if shard.rows is not None:
+                        out[mine] = shard.rows[local]
+                    else:
+                        for j, i in zip(mine.tolist(), local.tolist(), strict=True):
+                            out[j] = shard.row(i)
+
+            self._with_mapped(group, read)
+
+    @property
+    def budget(self) -> int | None:
+        """Most shards mapped at once (None: no limit, rows are views)."""
+        return self._budget
+
+    @property
+    def supply(self) -> ShardSupply | None:
+        """Where this segment's shards come from when fetched on demand (None: all local)."""
+        return self._supply
+
+    def prefetch(
+        self, rows: npt.NDArray[np.int64] | None, *, background: bool = False
+    ) -> Future[int]:
+        """Fetch the shards of ``rows`` (every shard if None) ahead of reads."""
+        if self._supply is None:
+            done: Future[int] = Future()
+            done.set_result(0)
+            return done
+        if rows is None:
+            ks = list(range(len(self._shards)))
+        else:
+            ks = np.unique(rows // self.rows_per_shard).tolist()
+        return self._supply.prefetch(ks, background=background)
+
     def close(self) -> None:
         """Drop every mapping (views already handed out stay valid)."""
         self._close_dir()
@@ -459,6 +616,7 @@ class Segment:
         self._vrows = None
         self.all_rows = None
         self._all_mapped = False
+        self._used.clear()
         if self._supply is not None:
             self._supply.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -18,6 +19,7 @@ from ..format.keys import encode_keys, hash_key, normalize_key, normalize_keys, 
 from ..format.spec import StoreSpec
 from ..format.verify import verify_segments
 from ..fs.trust import Trust
+from ..remote.shards import FetchStats
 from .overlay import Overlay
 from .segment import Segment, ShardSupply
 from .sources import SourceIdentity, stale_mask
@@ -168,7 +170,13 @@ class CacheStore:
             raise ValueError(f"store {self._location!r} is closed")
 
     def __getitem__(self, path: str | os.PathLike[str]) -> npt.NDArray[Any]:
-        """Return the vector of ``path`` as a copy-on-write view."""
+        """Return the vector of ``path`` as a copy-on-write view.
+
+        A store opened from a URL with a cap of its node cache (``max_bytes``,
+        ``$TSC_CACHE_MAX_BYTES`` or a cap recorded in the cache) returns a copy
+        instead: it unmaps shards it no longer uses, and a view could point into
+        one of them.
+        """
         if self._closed:
             self._check_open()
         single = self._single
@@ -326,7 +334,9 @@ class CacheStore:
 
         Checks each segment's metadata, the size and XXH3-128 of every data
         and index file, and that no file is missing and none was added. It
-        reads the whole store once (at disk speed) and changes nothing.
+        reads the whole store once (at disk speed) and changes nothing. A
+        store opened from a URL first fetches the shards it does not have yet
+        (each checked as it arrives; under a cap, only what fits).
 
         Raises
         ------
@@ -338,7 +348,69 @@ class CacheStore:
         >>> tsc.open_store("covers.tsc").verify()  # doctest: +SKIP
         """
         self._check_open()
+        for seg in self.segments:  # shards fetched on demand: fetch (and check) the rest first
+            seg.prefetch(None)
         verify_segments(self._location, self.segments).raise_if_bad()
+
+    # -- shards on demand -----------------------------------------------------
+
+    def prefetch(
+        self, rows: npt.ArrayLike | None = None, *, background: bool = False
+    ) -> Future[int]:
+        """Fetch ahead the shards of ``rows`` (all shards if None) of a store opened from a URL.
+
+        A store opened from a URL (or a path on a network filesystem) fetches
+        each shard into the node cache the first time one of its rows is
+        read; this fetches them before, a few at a time. Under a cap
+        (``max_bytes``) it fetches only what fits, never evicting to make
+        room, and says once how much did not fit. A local store has nothing
+        to fetch.
+
+        Parameters
+        ----------
+        rows
+            Row numbers whose shards to fetch (default: every shard).
+        background
+            Return at once and fetch in a background thread.
+
+        Returns
+        -------
+        concurrent.futures.Future
+            Of the number of shards downloaded by this call; done on return
+            unless ``background`` (errors are then raised by ``.result()``).
+
+        Examples
+        --------
+        >>> store = open_store("s3://bucket/covers.tsc")     # doctest: +SKIP
+        >>> store.prefetch(store.rows(df["img_path"])).result()  # doctest: +SKIP
+        12
+        """
+        self._check_open()
+        seg_of: npt.NDArray[np.intp] | None = None
+        local: npt.NDArray[np.int64] | None = None
+        if rows is not None:
+            idx = np.asarray(rows, dtype=np.int64)
+            n = len(self)
+            if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+                raise IndexError(f"a row of rows is out of range for a store of {n} rows")
+            seg_of, local = self._overlay.locate(idx)
+        done: list[Future[int]] = []
+        for i, seg in enumerate(self.segments):
+            mine = None if local is None or seg_of is None else local[seg_of == i]
+            done.append(seg.prefetch(mine, background=background))
+        if len(done) == 1:
+            return done[0]
+        total: Future[int] = Future()
+        total.set_result(sum(f.result() for f in done))
+        return total
+
+    @property
+    def fetch_stats(self) -> FetchStats | None:
+        """What this handle fetched into the node cache (None for a local store)."""
+        for seg in self.segments:
+            if seg.supply is not None:
+                return seg.supply.stats
+        return None
 
     # -- pandas and batches -----------------------------------------------------
 
@@ -445,6 +517,7 @@ def open_directory(
     path: str | os.PathLike[str],
     *,
     supply: ShardSupply | None = None,
+    budget: int | None = None,
     reopen: tuple[Callable[..., CacheStore], tuple[Any, ...]] | None = None,
     trust: Trust | None = None,
     parent_fd: int | None = None,
@@ -459,6 +532,9 @@ def open_directory(
         Makes shard files present before they are mapped, for stores whose
         shards are fetched on demand (see
         :class:`~tensorstore_cache.reader.segment.ShardSupply`).
+    budget
+        With a ``supply``: most shards mapped at once; rows are then copies
+        (see :class:`~tensorstore_cache.reader.segment.Segment`).
     reopen
         How an unpickled copy reopens the store (default: this directory).
     trust
@@ -481,5 +557,5 @@ def open_directory(
             f"no store at {str(root)!r}; build one with tensorstore_cache.build_store "
             "(or check the path)"
         )
-    segment = Segment(root, supply=supply, trust=trust, parent_fd=parent_fd)
+    segment = Segment(root, supply=supply, budget=budget, trust=trust, parent_fd=parent_fd)
     return CacheStore([segment], segment.spec, str(root), reopen=reopen)

@@ -93,3 +93,18 @@ class VirtualRows:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot map shard {k}: {os.strerror(err)}")
         self.mapped[k] = True
+
+    def unmap_shard(self, k: int) -> None:
+        """Give slot ``k`` back: ``PROT_NONE`` again, the shard file no longer mapped.
+
+        The caller guarantees that nothing reads the slot meanwhile and that
+        no view of it was handed out (stores that release shards return copies).
+        """
+        offset = k * self.rows_per_shard * self.item_nbytes
+        length = min(self.rows_per_shard * self.item_nbytes, self.length - offset)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0) | _MAP_FIXED
+        address = _libc.mmap(self.address + offset, length, 0, flags, -1, 0)
+        if address != self.address + offset:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot release shard {k}: {os.strerror(err)}")
+        self.mapped[k] = False

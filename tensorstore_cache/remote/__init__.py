@@ -1,6 +1,9 @@
-"""Remote transport: copy a store between an fsspec URL and a node-local directory.
+"""Remote transport and the node cache: stores at fsspec URLs (and on network filesystems).
 
 Nothing here opens or builds a store: :func:`~tensorstore_cache.remote.fetch.fetch_store`
-returns a verified local directory, :func:`~tensorstore_cache.remote.upload.upload_store`
-sends one. Opening and building are routed in :mod:`tensorstore_cache._api`.
+puts a version's metadata and index into the node cache,
+:class:`~tensorstore_cache.remote.shards.NodeShards` fetches its shards on demand
+under the cap of :mod:`~tensorstore_cache.remote.budget`, and
+:func:`~tensorstore_cache.remote.upload.upload_store` sends a store. Opening and
+building are routed in :mod:`tensorstore_cache._api`.
 """

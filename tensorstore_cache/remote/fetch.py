@@ -1,24 +1,25 @@
-"""Copying the store at an fsspec URL into the node-local cache, once per node and version.
+"""Opening the store at an fsspec URL in the node cache: its metadata and index, once per version.
 
-A memory map needs a local file, so a remote store is first copied into a
-node-local cache directory and mapped from there::
+A memory map needs a local file, so a remote store is read through a
+node-local cache directory::
 
     <cache_dir>/remote/<name>-<hash of URL>/<XXH3-128 of the remote group zarr.json>/
 
-The copy is made once per node and per version of the store:
+Opening fetches the metadata and the index only, once per node and version:
 
 1. read the remote group ``zarr.json`` (one small request) and hash it; if
-   that version is already here, map it: no other request is made;
+   that version is already here, open it: no other request is made;
 2. otherwise take an exclusive ``flock`` on ``<version>.lock`` (processes of
    the node asking at the same moment wait here), look again, and download
    into a hidden sibling directory: the group and array metadata first, then
-   every file the group's ``files`` list names, each checked against its
-   recorded size and XXH3-128 and fsynced;
+   the index files the group's ``files`` list names, each checked against
+   its recorded size and XXH3-128 and fsynced;
 3. publish the directory with one ``rename``.
 
-A reader never maps a partial copy, a damaged download is never published,
-and a store changed remotely (a different group ``zarr.json``) gets a new
-local copy. Copies are immutable.
+Shards are fetched into that directory when first read
+(:mod:`tensorstore_cache.remote.shards`). A reader never sees a partial
+file, a damaged download is never published, and a store changed remotely
+(a different group ``zarr.json``) gets a new version directory.
 
 The node cache obeys the rules of the cache directory it lies in (see
 :mod:`tensorstore_cache.fs.trust`): every directory on the way and the copy
@@ -40,14 +41,13 @@ from typing import Any
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
 from ..format.metadata import GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
-from ..format.verify import verify_segment
-from ..fs.durable import fsync_dir, write_bytes_durable
+from ..fs.durable import file_digest, fsync_dir, write_bytes_durable
 from ..fs.locks import BuildLock
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
 from ..fs.trust import Trust, apply_modes, make_dir, open_dir
 from .urls import filesystem, node_dir, open_url_dir, version_name
 
-__all__ = ["fetch_store"]
+__all__ = ["fetch_store", "is_shard", "read_group"]
 
 #: Reads back a download in progress (this process's own directory): checks come later.
 _QUIET = Trust.explicit(warn=False)
@@ -55,7 +55,7 @@ _QUIET = Trust.explicit(warn=False)
 _ARRAY_DIRS = (VECTORS, *INDEX_ARRAYS)
 
 
-def _read_group(fs: Any, root: str, url: str) -> bytes:
+def read_group(fs: Any, root: str, url: str) -> bytes:
     """Read the remote group ``zarr.json`` with one request, refusing oversized ones."""
     try:
         raw = fs.cat_file(f"{root}/{GROUP}", start=0, end=config.MAX_GROUP_JSON + 1)
@@ -71,14 +71,24 @@ def _read_group(fs: Any, root: str, url: str) -> bytes:
     return bytes(raw)
 
 
-def _finish_copy(path: Path, trust: Trust) -> None:
-    """Give one checked downloaded file the cache's modes and fsync it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+def _check_copy(path: Path, size: int, digest: str, trust: Trust) -> str | None:
+    """Check one downloaded file against its recorded size and hash, give it the cache's
+    modes, fsync it; ``None`` if good."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return f"not downloaded ({exc})"
     try:
         apply_modes(fd, trust, trust.file_mode)
+        found = os.fstat(fd).st_size
+        if found != size:
+            return f"{found} bytes, the store records {size}"
+        if file_digest(fd) != (size, digest):
+            return "content differs from its recorded XXH3-128"
         os.fsync(fd)
     finally:
         os.close(fd)
+    return None
 
 
 class _ChangedError(Exception):
@@ -109,25 +119,26 @@ def _download(fs: Any, root: str, raw: bytes, tmp: Path, trust: Trust) -> int:
         files = GroupMetadata.read(tmp, trust=_QUIET).files
     except (CorruptStoreError, StoreNotFoundError) as exc:  # e.g. replaced while we read it
         raise _ChangedError([("metadata", str(exc))]) from None
-    data = sorted(set(files) - set(meta))
+    data = sorted(rel for rel in set(files) - set(meta) if not is_shard(rel))
     for rel in data:
         _make_parents(tmp, rel, trust)
     _get(fs, root, tmp, data)
-    # every file's recorded size and XXH3-128, nothing else
-    report = verify_segment(tmp, trust=_QUIET)
-    if not report.ok:
-        raise _ChangedError(
-            [(os.path.relpath(p.path, tmp), p.detail) for p in report.problems]
-        )
-    for rel in files:
-        _finish_copy(tmp / rel, trust)
+    kept = [rel for rel in sorted(files) if not is_shard(rel)]
+    bad = [(rel, why) for rel in kept if (why := _check_copy(tmp / rel, *files[rel], trust))]
+    if bad:
+        raise _ChangedError(bad)
     dirs = {tmp}
-    for rel in files:
+    for rel in kept:
         parts = rel.split("/")[:-1]
         dirs.update(tmp.joinpath(*parts[:i]) for i in range(1, len(parts) + 1))
     for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):  # deepest first
         fsync_dir(d)
-    return sum(size for size, _ in files.values())
+    return sum(files[rel][0] for rel in kept)
+
+
+def is_shard(rel: str) -> bool:
+    """Whether ``rel`` names a shard file (fetched on demand, not with the index)."""
+    return rel.startswith(f"{VECTORS}/c/")
 
 
 def _get(fs: Any, root: str, tmp: Path, rels: list[str]) -> None:
@@ -163,7 +174,7 @@ def fetch_store(
     attempts: int = 3,
     trust: Trust | None = None,
 ) -> Path:
-    """Make sure the current version of the store at ``url`` is copied locally; return the copy.
+    """Make sure the metadata and index of the current version of ``url`` are here; return them.
 
     Parameters
     ----------
@@ -190,7 +201,8 @@ def fetch_store(
     Returns
     -------
     pathlib.Path
-        The local, complete, verified copy (never modified afterwards).
+        The version directory: metadata and index verified, shards added as
+        they are fetched (never modified otherwise).
 
     Raises
     ------
@@ -209,7 +221,7 @@ def fetch_store(
     base = node_dir(url, cache_dir)
     last: list[tuple[str, str]] = []
     for attempt in range(max(1, attempts)):
-        raw = _read_group(fs, root, url)
+        raw = read_group(fs, root, url)
         version = version_name(raw)
         local = base / version
         if _have(url, cache_dir, version, trust, create=True):

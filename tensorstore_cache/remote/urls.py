@@ -1,7 +1,7 @@
 """URLs of remote stores and the node-local directory their copies go to.
 
-A store at an fsspec URL (``s3://``, ``gs://``, ``memory://``, ...) is copied
-once per node and per version into ``<cache_dir>/remote/<name>-<hash of
+A store at an fsspec URL (``s3://``, ``gs://``, ``memory://``, ...) is read
+through the node cache, one directory per version: ``<cache_dir>/remote/<name>-<hash of
 URL>/<XXH3-128 of its group zarr.json>/`` and mapped from there.
 """
 

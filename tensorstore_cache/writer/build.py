@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import mmap
 import os
 import shutil
 import textwrap
@@ -69,6 +70,8 @@ class BuildOptions:
     trust: Trust = EXPLICIT
     """Whose store it is: the modes of every directory and file created (a cache's
     private or shared modes; a path the user names: the umask's)."""
+    shard_bytes: int = config.SHARD_BYTES
+    """Target size of one shard file."""
 
 
 def default_workers() -> int:
@@ -79,12 +82,25 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def rows_per_shard(n: int, item_nbytes: int, workers: int) -> int:
-    """Return the shard length of a store of ``n`` items built by ``workers`` processes."""
-    cap = max(1, config.SHARD_BYTES // max(item_nbytes, 1))
+def rows_per_shard(
+    n: int, item_nbytes: int, workers: int, shard_bytes: int = config.SHARD_BYTES
+) -> int:
+    """Return the shard length of a store of ``n`` items built by ``workers`` processes.
+
+    At most ``shard_bytes`` of rows (at least one row), fewer for small
+    builds so that each worker gets about 8 shards (never fewer than 64
+    rows), rounded down to a multiple of ``PAGE / gcd(item_nbytes, PAGE)``
+    rows when there are that many, so that every shard's data region is a
+    whole number of pages (the reader lays shards side by side in one
+    mapping only then).
+    """
+    item = max(item_nbytes, 1)
+    cap = max(1, shard_bytes // item)
     # ~8 shards per worker so that work balances at the end and progress moves, but no
     # tiny shards
-    return max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64))))
+    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64))))
+    unit = mmap.PAGESIZE // math.gcd(item, mmap.PAGESIZE)
+    return rows // unit * unit if rows >= unit else rows
 
 
 def temp_dir(target: Path) -> Path:
@@ -172,7 +188,7 @@ def build(keys: list[str], target: Path, options: BuildOptions) -> None:
             dtype=np_dtype.name,
             loader_id=info.loader_id,
             loader_params=info.params,
-            rows_per_shard=rows_per_shard(n, item_nbytes, nworkers),
+            rows_per_shard=rows_per_shard(n, item_nbytes, nworkers, options.shard_bytes),
             created_unix=time.time(),
         )
         target.parent.mkdir(parents=True, exist_ok=True)

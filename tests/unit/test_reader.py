@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tensorstore_cache.format.metadata import shard_count, shard_key
 from tensorstore_cache.reader.overlay import Overlay
 from tensorstore_cache.reader.segment import Segment, same_bytes
 from tensorstore_cache.reader.store import CacheStore, open_directory
+from tensorstore_cache.remote.shards import FetchStats
 
 
 def _vec(path: str) -> Any:
@@ -106,13 +108,27 @@ class CopyingSupply:
         self.source, self.root, self.spec = source, root, spec
         self.asked: list[list[int]] = []
         self.closed = False
+        self.stats = FetchStats()
+        self.held: dict[int, int] = {}
 
     def ensure(self, shards: Sequence[int]) -> None:
         self.asked.append(list(shards))
         for k in shards:
+            self.held[k] = self.held.get(k, 0) + 1
             rel = shard_key(self.spec, k)
             (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.source / rel, self.root / rel)
+
+    def prefetch(self, shards: Sequence[int], *, background: bool = False) -> Future[int]:
+        self.ensure(shards)
+        done: Future[int] = Future()
+        done.set_result(len(shards))
+        return done
+
+    def release(self, k: int) -> None:
+        self.held[k] -= 1
+        if not self.held[k]:
+            del self.held[k]
 
     def close(self) -> None:
         self.closed = True
@@ -138,6 +154,36 @@ def test_missing_shards_are_supplied_once_per_batch(tmp_path: Path) -> None:
     assert supply.asked == [[0, 2], [1]]
     store.close()
     assert supply.closed
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_budget_of_mapped_shards_releases_the_rest_and_returns_copies(
+    tmp_path: Path, budget: int
+) -> None:
+    keys = [f"k{i}" for i in range(300)]
+    full = _build(tmp_path / "full.tsc", keys)
+    sparse = tmp_path / "sparse.tsc"
+    shutil.copytree(full, sparse)
+    spec = Segment(full).spec
+    count = shard_count(spec)
+    assert count >= 3
+    for k in range(count):
+        (sparse / shard_key(spec, k)).unlink()
+    supply = CopyingSupply(full, sparse, spec)
+    store = open_directory(sparse, supply=supply, budget=budget)
+    reference = open_directory(full)
+    every = np.arange(len(keys))
+    for rows in (every, every[::-1], np.random.default_rng(0).permutation(every)):
+        np.testing.assert_array_equal(store.take(rows), reference.take(rows))
+        assert len(supply.held) <= budget and all(n == 1 for n in supply.held.values())
+    v = store[keys[5]]
+    np.testing.assert_array_equal(v, reference[keys[5]])
+    assert v.base is None and v.flags.writeable  # a copy of its own, not a view of a shard
+    for i in range(0, len(keys), 7):  # single rows across every shard
+        np.testing.assert_array_equal(store[keys[i]], reference[keys[i]])
+        assert len(supply.held) <= budget
+    np.testing.assert_array_equal(v, reference[keys[5]])  # still intact after its shard went
+    store.close()
 
 
 def test_without_a_supply_a_missing_shard_is_a_clear_error(tmp_path: Path) -> None:

@@ -51,5 +51,9 @@ def test_upload_then_fetch_the_same_files(tmp_path: Path) -> None:
     assert tsc.verify_store(local).ok
     other = fetch_store(url, cache_dir=tmp_path / "other-node")  # a real download
     assert (other / "zarr.json").read_bytes() == (local / "zarr.json").read_bytes()
-    with tsc.open_store(other) as store:
+    assert (other / "key_hash/c/0").is_file()  # the index
+    assert not list(other.glob("vectors/c/*/0/0/0"))  # shards: fetched when read
+    with tsc.open_store(url, cache_dir=tmp_path / "other-node") as store:
+        assert store.location == str(other)
         np.testing.assert_array_equal(store.stack(keys), np.stack([_vec(k) for k in keys]))
+    assert tsc.verify_store(other).ok

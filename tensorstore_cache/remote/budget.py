@@ -1,0 +1,460 @@
+"""The node cache's size cap: usage, least-recently-used eviction of shards nobody maps.
+
+Layout under ``<cache_dir>/remote``::
+
+    limit.json                      the smallest max_bytes any process asked for
+    evict.lock                      flock: one process at a time reserves room
+    usage                           8-byte ledger of the bytes below
+    <url-dir>/<version>/            metadata, index and the shards fetched so far
+    <url-dir>/<version>.holds       readers' holds (see fs/holds.py)
+    <url-dir>/.<version>-<k>.tsc-fetch-<host>-<pid>-<random>   a shard download in progress
+
+Usage counts every file: metadata, index, shards, and downloads in progress
+at their full size (reserved with ``posix_fallocate`` before the first byte
+arrives). Candidates for eviction, least recently used first (a shard's
+mtime is touched when a process maps it or lets go of it): shards no
+process holds, and whole versions no process has open. A shard a live
+process maps is never evicted: if nothing else can go, the cache grows past
+its cap (the caller warns once) rather than breaking a reader.
+
+Scans, reservations, evictions and the rename that publishes a shard all
+happen under ``evict.lock`` in a capped cache, so a scan is a consistent
+snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .. import config
+from ..format.metadata import VECTORS
+from ..fs.holds import probe_exclusive, unlock
+from ..fs.locks import locks_enabled
+from ..fs.temp import age_text, disk_usage, owner_dead, remove_tree, temp_sibling
+
+__all__ = ["Collected", "Entry", "NodeCache", "Usage", "collect", "requested_cap"]
+
+_LIMIT = "limit.json"
+_EVICT_LOCK = "evict.lock"
+_LEDGER = "usage"
+HOLDS_SUFFIX = ".holds"
+#: Where locks do not work, evict only what nobody touched for this long.
+_UNLOCKED_GRACE = 60.0
+
+
+def requested_cap(max_bytes: int | None) -> int | None:
+    """The cap this process asks for: the smaller of ``max_bytes`` and ``$TSC_CACHE_MAX_BYTES``."""
+    caps = [] if max_bytes is None else [int(max_bytes)]
+    env = os.environ.get(config.MAX_BYTES_ENV, "").strip()
+    if env:
+        try:
+            caps.append(int(env))
+        except ValueError:
+            raise ValueError(
+                f"{config.MAX_BYTES_ENV}={env!r} is not a number of bytes; set it to an "
+                "integer such as 50000000000, or unset it"
+            ) from None
+    for cap in caps:
+        if cap <= 0:
+            raise ValueError(f"max_bytes must be a positive number of bytes, got {cap}")
+    return min(caps) if caps else None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One evictable thing: a shard (``k >= 0``) or a version's metadata and index (``k == -1``)."""
+
+    last_used: float
+    size: int
+    version: Path
+    k: int
+    path: Path
+
+
+@dataclass(slots=True)
+class Usage:
+    """A scan of the node cache."""
+
+    total: int = 0
+    entries: list[Entry] = field(default_factory=list)
+
+
+def partial_path(version: Path, k: int) -> Path:
+    """A fresh name for a download of shard ``k`` of ``version``, owned by this process."""
+    return temp_sibling(version.with_name(f"{version.name}-{k}"), config.FETCH_MARK)
+
+
+class NodeCache:
+    """The shared node cache under ``root`` (``<cache_dir>/remote``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._trusted = False  # the ledger is trusted after this process's first scan
+        self.scans = 0
+
+    # -- the cap -----------------------------------------------------------
+
+    def limit(self, requested: int | None) -> tuple[int | None, str | None]:
+        """Return the cap in force (the smallest ever asked for) and who set it.
+
+        A smaller ``requested`` cap is recorded (replacing the file atomically,
+        re-reading it and keeping the smallest when two processes race).
+        """
+        path = self.root / _LIMIT
+        recorded: int | None = None
+        by: str | None = None
+        with contextlib.suppress(OSError, ValueError):
+            raw = json.loads(path.read_bytes()[:4096])
+            value = raw.get("max_bytes") if isinstance(raw, dict) else None
+            if type(value) is int and value > 0:
+                recorded, by = value, str(raw.get("set_by", "?"))
+        if requested is None or (recorded is not None and recorded <= requested):
+            return recorded, by
+        self.root.mkdir(parents=True, exist_ok=True)
+        me = f"pid {os.getpid()} on {socket.gethostname()}"
+        tmp = temp_sibling(path, config.FETCH_MARK)
+        tmp.write_text(json.dumps({"max_bytes": requested, "set_by": me, "unix": time.time()}))
+        os.replace(tmp, path)
+        again, who = self.limit(None)
+        if again is not None and again > requested:  # a larger cap won a race: record ours again
+            return self.limit(requested)
+        return again, who
+
+    # -- usage -------------------------------------------------------------
+
+    def scan_only(self) -> Usage:
+        """Measure every file under the cache, removing nothing."""
+        return self.scan(collect=False)
+
+    def scan(self, *, collect: bool = True) -> Usage:
+        """Measure every file under the cache; remove downloads of dead processes."""
+        usage = Usage()
+        try:
+            stores = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return usage
+        for store in stores:
+            if not store.is_dir(follow_symlinks=False) or store.name.startswith("."):
+                continue
+            for entry in os.scandir(store.path):
+                name = entry.name
+                if name.startswith("."):
+                    dead = config.FETCH_MARK in name and owner_dead(name.split(config.FETCH_MARK, 1)[1])
+                    if collect and dead:
+                        remove_tree(Path(entry.path))
+                    else:
+                        usage.total += disk_usage(Path(entry.path))
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    self._scan_version(Path(entry.path), usage)
+        return usage
+
+    def _scan_version(self, version: Path, usage: Usage) -> None:
+        index_bytes = 0
+        for dirpath, dirs, files in os.walk(version):
+            if os.path.basename(dirpath) == "c" and os.path.basename(os.path.dirname(dirpath)) == VECTORS:
+                dirs.clear()
+                self._scan_shards(version, Path(dirpath), usage)
+                continue
+            for name in files:
+                with contextlib.suppress(OSError):
+                    index_bytes += os.lstat(os.path.join(dirpath, name)).st_size
+        try:
+            used = version.with_name(version.name + HOLDS_SUFFIX).stat().st_mtime
+        except OSError:
+            used = 0.0
+        usage.total += index_bytes
+        usage.entries.append(Entry(used, index_bytes, version, -1, version))
+
+    @staticmethod
+    def _scan_shards(version: Path, cdir: Path, usage: Usage) -> None:
+        depth = None
+        for kent in os.scandir(cdir):
+            if not kent.name.isdigit():
+                continue
+            if depth is None:
+                depth, p = 0, kent.path
+                while os.path.isdir(p):
+                    p = os.path.join(p, "0")
+                    depth += 1
+            leaf = os.path.join(kent.path, *(["0"] * depth))
+            try:
+                st = os.lstat(leaf)
+            except OSError:
+                continue
+            usage.total += st.st_size
+            usage.entries.append(Entry(st.st_mtime, st.st_size, version, int(kent.name), Path(leaf)))
+
+    # -- making room -------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _evict_lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / _EVICT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if locks_enabled():
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _ledger(self) -> Iterator[int]:
+        """The usage ledger's descriptor, under ``evict.lock``."""
+        with self._evict_lock():
+            fd = os.open(self.root / _LEDGER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                yield fd
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def _read(fd: int) -> int | None:
+        raw = os.pread(fd, 8, 0)
+        return int.from_bytes(raw, "little") if len(raw) == 8 else None
+
+    @staticmethod
+    def _write(fd: int, value: int) -> None:
+        os.pwrite(fd, max(0, value).to_bytes(8, "little"), 0)
+
+    def reserve(
+        self, version: Path, k: int, nbytes: int, cap: int | None, *, evict: bool = True
+    ) -> tuple[Path | None, int]:
+        """Make room for ``nbytes`` under ``cap`` and create the download file of shard ``k``.
+
+        Returns
+        -------
+        path : Path or None
+            The download file (``nbytes`` long, allocated); None when
+            ``evict`` is false and the shard does not fit.
+        over : int
+            By how many bytes the cache exceeds ``cap`` with this download
+            (0 normally; positive when every other shard is mapped).
+        """
+        tmp = partial_path(version, k)
+        over = 0
+        with contextlib.ExitStack() as stack:
+            if cap is not None:
+                fd = stack.enter_context(self._ledger())
+                total = self._read(fd) if self._trusted else None
+                if total is None or total + nbytes > cap:
+                    usage = self.scan()
+                    self.scans += 1
+                    total = usage.total
+                    self._trusted = True
+                    if total + nbytes > cap:
+                        if not evict:
+                            return None, 0
+                        slack = min(cap // 8, 8 * nbytes)
+                        need = total + nbytes - (cap - slack)
+                        total -= sum(c.size for c in self._evict(usage, need, keep=(version, k)))
+                        over = total + nbytes - cap
+                self._write(fd, total + nbytes)
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                if nbytes:
+                    os.posix_fallocate(out, 0, nbytes)
+            except BaseException:
+                os.close(out)
+                os.unlink(tmp)
+                raise
+            os.close(out)
+        return tmp, max(0, over)
+
+    def publish(self, tmp: Path, final: Path, cap: int | None) -> None:
+        """Rename a finished download to its shard's name."""
+        with self._evict_lock() if cap is not None else contextlib.nullcontext():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tmp, final)
+
+    def unreserve(self, nbytes: int, cap: int | None) -> None:
+        """Give back a reservation whose download failed (its file already removed)."""
+        if cap is None:
+            return
+        with self._ledger() as fd:
+            total = self._read(fd)
+            if total is not None:
+                self._write(fd, total - nbytes)
+
+    def _evict(
+        self, usage: Usage, need: int, keep: tuple[Path, int], *, dry_run: bool = False
+    ) -> list[Collected]:
+        """Delete least recently used unheld entries until ``need`` bytes are freed.
+
+        Returns what went; ``need`` minus their sizes is what is left to free.
+        """
+        out: list[Collected] = []
+        fds: dict[Path, int] = {}
+        gone: set[Path] = set()  # versions removed as a whole
+        now = time.time()
+        try:
+            for e in sorted(usage.entries, key=lambda e: e.last_used):
+                if need <= 0:
+                    break
+                if e.version in gone or (e.version == keep[0] and e.k in (keep[1], -1)):
+                    continue
+                holds = e.version.with_name(e.version.name + HOLDS_SUFFIX)
+                fd = fds.get(holds)
+                if fd is None:
+                    try:
+                        fd = fds[holds] = os.open(holds, os.O_RDWR | os.O_CLOEXEC)
+                    except FileNotFoundError:
+                        fd = fds[holds] = -1
+                start, length = (0, 0) if e.k == -1 else (e.k, 1)  # length 0: the whole file
+                got = probe_exclusive(fd, start, length) if fd >= 0 else None
+                if got is False:
+                    continue  # a process maps it (or has the version open)
+                if got is None and now - e.last_used < _UNLOCKED_GRACE:
+                    continue
+                try:
+                    if e.k == -1:
+                        gone.add(e.version)
+                        size = sum(x.size for x in usage.entries if x.version == e.version)
+                        out.append(Collected(e.version, "remote-version", size, "least recently used"))
+                        if not dry_run:
+                            remove_tree(e.version, temp_sibling(e.version, config.GC_MARK))
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(holds)
+                    else:
+                        size = e.size
+                        out.append(Collected(e.path, "remote-shard", size, "least recently used"))
+                        if not dry_run:
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(e.path)
+                            _prune(e.path, e.version)
+                    need -= size
+                finally:
+                    if got:
+                        unlock(fd, start, length)
+        finally:
+            for fd in fds.values():
+                if fd >= 0:
+                    os.close(fd)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """Something :meth:`NodeCache.collect` removed (or would remove)."""
+
+    path: Path
+    kind: Literal["remote-shard", "remote-version", "debris"]
+    size: int
+    reason: str
+
+
+def _partials(root: Path) -> list[tuple[Path, str]]:
+    """Every download in progress or left behind: ``(path, owner tail)``."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for store in os.scandir(root):
+            if not store.is_dir(follow_symlinks=False) or store.name.startswith("."):
+                continue
+            for entry in os.scandir(store.path):
+                if entry.name.startswith(".") and config.FETCH_MARK in entry.name:
+                    out.append((Path(entry.path), entry.name.split(config.FETCH_MARK, 1)[1]))
+                elif entry.name.startswith(".") and config.GC_MARK in entry.name:
+                    out.append((Path(entry.path), ""))
+    return out
+
+
+def collect(
+    root: Path, *, older_than: float | None, need: int, grace: float, dry_run: bool
+) -> list[Collected]:
+    """Housekeeping of the node cache ``root`` (``<cache_dir>/remote``), for ``gc``.
+
+    Removes downloads left by dead processes (and by any process, once older
+    than ``grace``), versions no process has open and unused for
+    ``older_than`` seconds, then least recently used shards and closed
+    versions until ``need`` bytes are freed. Never anything a live process
+    maps or has open.
+    """
+    if not root.is_dir():
+        return []  # no remote store was ever opened here: create nothing
+    cache = NodeCache(root)
+    out: list[Collected] = []
+    now = time.time()
+    with cache._ledger() as ledger:
+        for path, tail in _partials(root):
+            try:
+                age = now - path.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if tail and not owner_dead(tail) and age <= grace:
+                continue  # a download in progress
+            reason = "left by a dead download" if tail else "left by an interrupted removal"
+            out.append(Collected(path, "debris", disk_usage(path), reason))
+            if not dry_run:
+                remove_tree(path)
+        usage = cache.scan() if not dry_run else cache.scan_only()
+        for e in sorted(usage.entries, key=lambda e: e.last_used):
+            if e.k != -1 or older_than is None or now - e.last_used <= older_than:
+                continue
+            freed = _probe_version(e.version)
+            if freed is None:
+                continue  # open in a process
+            size = sum(x.size for x in usage.entries if x.version == e.version)
+            out.append(Collected(e.version, "remote-version", size,
+                                 f"unused for {age_text(now - e.last_used)}"))
+            usage.entries = [x for x in usage.entries if x.version != e.version]
+            need -= size
+            if not dry_run:
+                _drop_version(e.version, freed)
+            elif freed >= 0:
+                os.close(freed)
+        if need > 0:
+            out.extend(cache._evict(usage, need, keep=(root, -2), dry_run=dry_run))
+        if not dry_run:
+            cache._write(ledger, cache.scan_only().total)
+    return out
+
+
+def _probe_version(version: Path) -> int | None:
+    """Lock a whole version's holds file if nobody has it open: its descriptor (-1: no file
+    or no locks), or None if it is open somewhere."""
+    holds = version.with_name(version.name + HOLDS_SUFFIX)
+    try:
+        fd = os.open(holds, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    got = probe_exclusive(fd, 0, 0)
+    if got is False:
+        os.close(fd)
+        return None
+    if got is None:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _drop_version(version: Path, fd: int) -> None:
+    """Delete a version directory and its holds file (``fd``: the whole-file lock, closed here)."""
+    try:
+        remove_tree(version, temp_sibling(version, config.GC_MARK))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(version.with_name(version.name + HOLDS_SUFFIX))
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _prune(leaf: Path, version: Path) -> None:
+    """Remove the empty directories of an evicted shard, up to ``vectors/c``."""
+    stop = version / VECTORS / "c"
+    d = leaf.parent
+    while d != stop and d.is_relative_to(stop):
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        d = d.parent

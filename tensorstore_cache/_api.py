@@ -227,7 +227,8 @@ def _open_copy(
 ) -> CacheStore:
     # opened from the checked directory of the URL in the node cache, under the cache's rules;
     # pickled, the store reopens this node's copy when it exists (no request), else the URL
-    supply = NodeShards(url, Path(local), storage_options=storage_options, max_bytes=max_bytes)
+    supply = NodeShards(url, Path(local), storage_options=storage_options, max_bytes=max_bytes,
+                        trust=trust)
     try:
         parent = open_url_dir(url, cache_dir, trust)
         try:

@@ -459,14 +459,18 @@ def test_remote_copy_in_a_shared_cache_is_downloaded_once_for_the_group(
         np.testing.assert_array_equal(run_as(user, read, url, str(team), group),
                                       expected(sources))
     (version,) = [p for p in (team / "remote").glob("*/*") if p.is_dir()]
-    lock = version.with_name(version.name + ".lock")
+    # files every member writes: the download lock, the version's holds (readers lock their
+    # shards in it), the node cache's eviction lock and usage ledger; everything else is data
+    member_write = {version.with_name(version.name + ".lock"),
+                    version.with_name(version.name + ".holds"),
+                    team / "remote" / "evict.lock", team / "remote" / "usage"}
     for p in [team, *team.rglob("*")]:
         st = p.lstat()
         assert st.st_gid == gid, p
         if p.is_dir():
             assert stat.S_IMODE(st.st_mode) == 0o2770, p
         else:
-            assert stat.S_IMODE(st.st_mode) == (0o660 if p == lock else 0o640), p
+            assert stat.S_IMODE(st.st_mode) == (0o660 if p in member_write else 0o640), p
     # b found a's copy: every file of it is a's (b downloaded nothing)
     assert {p.lstat().st_uid for p in version.rglob("*")} == {a.uid}
     # a copy planted by a non-member is refused to the members

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .locks import UNSUPPORTED_ERRNOS, locks_enabled
+from .trust import Trust, create_file
 
 __all__ = ["FETCH", "VERSION", "HoldFile", "probe_exclusive", "unlock"]
 
@@ -71,13 +72,14 @@ class HoldFile:
     ----------
     path
         The version's ``.holds`` file (created if missing).
-    mode
-        Permission bits of a new file.
+    trust
+        The cache directory's rules (default: private): a new file gets the
+        mode every user of the cache may write; an existing one is checked.
     """
 
-    def __init__(self, path: Path, mode: int = 0o600) -> None:
+    def __init__(self, path: Path, trust: Trust | None = None) -> None:
         self.path = path
-        self._mode = mode
+        self._trust = trust if trust is not None else Trust.private()
         self._counts: dict[int, int] = {}
         self._lock = threading.Lock()
         # the descriptor lives in a list the finalizer shares (it must not refer to self)
@@ -97,7 +99,8 @@ class HoldFile:
     def _open_locked(self) -> int:
         """Open the file and take the version byte, retrying if it was replaced meanwhile."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self._mode)
+            fd = create_file(self.path, self._trust, flags=os.O_RDWR, kind="member-write",
+                             exclusive=False)
             try:
                 _lock(fd, fcntl.F_RDLCK, VERSION, wait=True)
             except OSError as exc:

@@ -40,6 +40,7 @@ from ..format.metadata import VECTORS
 from ..fs.holds import probe_exclusive, unlock
 from ..fs.locks import locks_enabled
 from ..fs.temp import age_text, disk_usage, owner_dead, remove_tree, temp_sibling
+from ..fs.trust import Trust, create_file, make_dir
 
 __all__ = ["Collected", "Entry", "NodeCache", "Usage", "collect", "requested_cap"]
 
@@ -96,10 +97,31 @@ def partial_path(version: Path, k: int) -> Path:
 class NodeCache:
     """The shared node cache under ``root`` (``<cache_dir>/remote``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, trust: Trust | None = None) -> None:
         self.root = root
+        self.trust = trust if trust is not None else Trust.private()
+        """The cache directory's rules: the modes of what is created here."""
         self._trusted = False  # the ledger is trusted after this process's first scan
         self.scans = 0
+
+    def _make_root(self) -> None:
+        """Create the node cache directory (and those above it) with the cache's modes."""
+        self.make_dirs(self.root)
+
+    def make_dirs(self, path: Path) -> None:
+        """Create ``path`` and its missing parents with the cache's modes."""
+        missing = []
+        while not path.is_dir():
+            missing.append(path)
+            if path.parent == path:
+                break
+            path = path.parent
+        for d in reversed(missing):
+            make_dir(d, self.trust)
+
+    def _shared_file(self, path: Path) -> int:
+        """Open (creating it with the modes every user of the cache may write) a lock file."""
+        return create_file(path, self.trust, flags=os.O_RDWR, kind="member-write", exclusive=False)
 
     # -- the cap -----------------------------------------------------------
 
@@ -119,10 +141,14 @@ class NodeCache:
                 recorded, by = value, str(raw.get("set_by", "?"))
         if requested is None or (recorded is not None and recorded <= requested):
             return recorded, by
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._make_root()
         me = f"pid {os.getpid()} on {socket.gethostname()}"
         tmp = temp_sibling(path, config.FETCH_MARK)
-        tmp.write_text(json.dumps({"max_bytes": requested, "set_by": me, "unix": time.time()}))
+        fd = create_file(tmp, self.trust, kind="data")
+        try:
+            os.write(fd, json.dumps({"max_bytes": requested, "set_by": me, "unix": time.time()}).encode())
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         again, who = self.limit(None)
         if again is not None and again > requested:  # a larger cap won a race: record ours again
@@ -198,8 +224,8 @@ class NodeCache:
 
     @contextlib.contextmanager
     def _evict_lock(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / _EVICT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._make_root()
+        fd = self._shared_file(self.root / _EVICT_LOCK)
         try:
             if locks_enabled():
                 with contextlib.suppress(OSError):
@@ -212,7 +238,7 @@ class NodeCache:
     def _ledger(self) -> Iterator[int]:
         """The usage ledger's descriptor, under ``evict.lock``."""
         with self._evict_lock():
-            fd = os.open(self.root / _LEDGER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._shared_file(self.root / _LEDGER)
             try:
                 yield fd
             finally:
@@ -260,7 +286,7 @@ class NodeCache:
                         total -= sum(c.size for c in self._evict(usage, need, keep=(version, k)))
                         over = total + nbytes - cap
                 self._write(fd, total + nbytes)
-            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            out = create_file(tmp, self.trust, kind="data")
             try:
                 if nbytes:
                     os.posix_fallocate(out, 0, nbytes)
@@ -274,7 +300,7 @@ class NodeCache:
     def publish(self, tmp: Path, final: Path, cap: int | None) -> None:
         """Rename a finished download to its shard's name."""
         with self._evict_lock() if cap is not None else contextlib.nullcontext():
-            final.parent.mkdir(parents=True, exist_ok=True)
+            self.make_dirs(final.parent)
             os.rename(tmp, final)
 
     def unreserve(self, nbytes: int, cap: int | None) -> None:

@@ -47,6 +47,7 @@ from ..format.metadata import GroupMetadata, shard_count, shard_key
 from ..fs.durable import fsync_dir
 from ..fs.holds import HoldFile
 from ..fs.temp import collect_temp_siblings
+from ..fs.trust import Trust
 from .budget import HOLDS_SUFFIX, NodeCache, requested_cap
 from .fetch import read_group
 from .urls import filesystem, version_name
@@ -103,6 +104,9 @@ class NodeShards:
     max_bytes
         This process's cap of the node cache (``None``: only ``$TSC_CACHE_MAX_BYTES``
         or a cap recorded by another process applies).
+    trust
+        The rules of the cache directory (default: private): the modes of the
+        shards, lock and holds files it creates, for every user of a shared cache.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class NodeShards:
         *,
         storage_options: Mapping[str, Any] | None = None,
         max_bytes: int | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.local = local
@@ -120,7 +125,7 @@ class NodeShards:
         meta = GroupMetadata.read(local)
         self.spec, self.files = meta.spec, meta.files
         self.count = shard_count(self.spec)
-        self.cache = NodeCache(local.parent.parent)
+        self.cache = NodeCache(local.parent.parent, trust)
         requested = requested_cap(max_bytes)
         self.cap, by = self.cache.limit(requested)
         if requested is not None and self.cap is not None and self.cap < requested:
@@ -128,7 +133,7 @@ class NodeShards:
                 f"the node cache {self.cache.root} keeps its cap of {self.cap} bytes (set by "
                 f"{by}), smaller than the {requested} asked for: the smallest cap wins; delete "
                 f"{self.cache.root / 'limit.json'} to lift it"))
-        self.holds = HoldFile(local.with_name(local.name + HOLDS_SUFFIX))
+        self.holds = HoldFile(local.with_name(local.name + HOLDS_SUFFIX), self.cache.trust)
         with contextlib.suppress(OSError):
             os.utime(self.holds.path)  # the version's last use, for eviction
         self._largest = max(

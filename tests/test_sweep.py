@@ -1,0 +1,282 @@
+"""The sweep benchmark runs end to end at a tiny size, and its measuring parts are sound.
+
+The end-to-end test runs ``python -m benchmarks.sweep --quick`` (300 covers, 2 agents,
+2 trials per method, one run) in a subprocess, with one trial made to kill itself with
+SIGKILL: the sweep must record that trial as a result and finish every other method.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks._decode_meter import DecodeMeter, read_log
+from benchmarks._failure import _VICTIM, classify, gigabytes
+from benchmarks._node_memory import NodeMemory, resident_bytes
+from tests._sweep_procs import map_and_hold
+
+for _module in ("torch", "pandas", "datasets", "optuna", "psutil", "matplotlib"):
+    pytest.importorskip(_module)  # the benchmark's extra dependencies
+
+import optuna  # noqa: E402
+
+from benchmarks.sweep import CONFIGS, METHODS  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    root = tmp_path_factory.mktemp("sweep")
+    work, results = root / "work", root / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sweep", "--quick", "--workdir", str(work),
+         "--results", str(results), "--inject-fault", "no_cache:1:kill"],
+        cwd=REPO, capture_output=True, text=True, timeout=420,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    report = json.loads((results / "sweep.json").read_text())
+    return work, report, proc.stdout
+
+
+def _filesystem(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (longest mount point of /proc/mounts)."""
+    best, kind = "", ""
+    with open("/proc/mounts", encoding="utf-8") as f:
+        for line in f:
+            _dev, mount, fstype = line.split()[:3]
+            if str(path).startswith(mount) and len(mount) > len(best):
+                best, kind = mount, fstype
+    return kind
+
+
+def _trials(report: dict) -> dict[str, list[dict]]:
+    return {name: res["trials"] for name, res in report["runs"][0]["methods"].items()}
+
+
+@pytest.mark.timeout(480)
+def test_every_trial_is_a_fresh_process_of_a_real_optuna_study(sweep) -> None:
+    work, report, _ = sweep
+    trials = _trials(report)
+    assert list(trials) == list(METHODS)
+    pids = [t["pid"] for ts in trials.values() for t in ts]
+    pids += [t["pid"] for t in report["runs"][0]["baseline"]["trials"]]
+    assert len(pids) == len(set(pids)) == 2 * len(METHODS) + 2
+    assert os.getpid() not in pids
+    # the study lives in SQLite; each method's was given the same configurations in order
+    storage = f"sqlite:///{work / 'sweep.db'}"
+    for name, ts in trials.items():
+        study = optuna.load_study(study_name=f"{name}-run1", storage=storage)
+        got = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+        assert [t.params for t in got] == CONFIGS[:2], name
+        for t, rec in zip(got, ts, strict=True):
+            assert rec["params"] == t.params
+            if rec["status"] == "ok":
+                assert t.state == optuna.trial.TrialState.COMPLETE and t.value == rec["val_rmse"]
+            else:
+                assert t.state == optuna.trial.TrialState.FAIL
+    with sqlite3.connect(work / "sweep.db") as db:  # a real file any agent can open
+        assert db.execute("select count(*) from studies").fetchone()[0] == len(METHODS)
+
+
+@pytest.mark.timeout(480)
+def test_a_killed_trial_is_a_result_and_the_sweep_goes_on(sweep) -> None:
+    _work, report, stdout = sweep
+    killed = _trials(report)["no_cache"][1]
+    assert killed["status"] == "killed" and killed["outcome"] == "killed: SIGKILL"
+    assert killed["failure"]["signal"] == "SIGKILL" and killed["failure"]["exit_code"] == -9
+    assert "trial 1: killed: SIGKILL" in stdout
+    for name, ts in _trials(report).items():
+        expected = ["ok", "killed"] if name == "no_cache" else ["ok", "ok"]
+        assert [t["status"] for t in ts] == expected, (name, [t.get("log_tail") for t in ts])
+
+
+@pytest.mark.timeout(480)
+def test_same_configuration_same_rmse_whatever_the_method(sweep) -> None:
+    _work, report, _ = sweep
+    check = report["rmse_check"]
+    assert check["same"] and check["max_rmse_difference"] <= check["tolerance"]
+    first = {name: ts[0]["val_rmse"] for name, ts in _trials(report).items()}
+    assert len(set(first.values())) == 1, first
+    # the two configurations train differently: the check compares something
+    second = {t["val_rmse"] for ts in _trials(report).values() for t in ts[1:]
+              if t["status"] == "ok"}
+    assert len(second) == 1 and second != {first["no_cache"]}
+
+
+@pytest.mark.timeout(480)
+def test_timings_decode_memory_and_disk_are_measured(sweep) -> None:
+    work, report, _ = sweep
+    sizes = report["env"]["sizes"]
+    covers = sizes["train_covers"] + sizes["test_covers"]
+    assert covers == 300 and sizes["train_covers"] == round(300 * 129_777 / 181_777)
+    for name, ts in _trials(report).items():
+        for t in ts:
+            if t["status"] != "ok":
+                continue
+            marks = [t[f"at_{k}"] for k in ("spawn", "main", "imported", "table", "vectors",
+                                            "first_batch", "trained", "end", "exit")]
+            assert marks == sorted(marks), (name, marks)
+            assert t["interpreter_s"] > 0 and t["import_s"] > 0 and t["data_s"] > 0
+            assert t["ttfb_s"] == pytest.approx(t["startup_s"] + t["data_s"])
+            assert t["data_s"] == pytest.approx(t["table_read_s"] + t["vectors_s"]
+                                                + t["dataset_s"])
+            assert 0 < t["data_share"] < 1 and t["steps_done"] == 4
+            assert t["write_bytes"] >= 0
+    summary = report["summary"][0]["methods"]
+    # tensorstore_cache: two trials at once on an empty cache, yet every cover decoded once
+    tsc = _trials(report)["tensorstore_cache"]
+    assert sum(t["decode_calls"] for t in tsc) == covers
+    assert summary["tensorstore_cache"]["disk_bytes"] >= covers * 3 * 32 * 32 * 4
+    # decoding is counted where it happens: in the pool of processes datasets.map starts
+    hf = _trials(report)["hf_datasets"]
+    assert any(set(t["decode_pids"]) - {t["pid"]} for t in hf)
+    assert all(t["decode_cpu_s"] > 0 for t in _trials(report)["no_cache"][:1])
+    if _filesystem(work) != "tmpfs":  # tmpfs writes nothing to a disk, and counts nothing
+        for name in ("torch_save", "hf_datasets", "tensorstore_cache"):
+            assert summary[name]["write_bytes"] > covers * 3 * 32 * 32 * 4 * 0.9, name
+    for name in METHODS:
+        peak = summary[name]["peak"]
+        assert summary[name]["peak_node_bytes"] > 100 * 2**20, name  # at least the interpreters
+        assert peak["node"] == peak["pss"] - peak["cache_pss"] + peak["cache_resident"]
+    assert report["baseline"]["peak_node_bytes"] > 100 * 2**20
+    assert summary["manager_vectors"]["peak"]["processes"] >= 2  # trials and the manager
+
+
+@pytest.mark.timeout(480)
+def test_report_table_targets_and_plot(sweep) -> None:
+    _work, report, stdout = sweep
+    results = Path(report["config"]["results"])
+    table = (results / "sweep.md").read_text()
+    assert table.strip() in stdout
+    for name in METHODS:
+        assert f"| {name} |" in table
+    assert set(report["targets"]) == {"later_data_vs_torch_save", "later_data_vs_no_cache",
+                                      "first_round_decode_vs_torch_save", "wall_lowest",
+                                      "peak_memory_vs_store"}
+    for t in report["targets"].values():
+        assert t["status"] in {"PASS", "PASS (1 run)", "MISS", "MISS (within spread)", "n/a"}
+    png = (results / "sweep_timeline.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+# ---- the measuring parts, on their own -------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_classify_real_exits(how: str) -> None:
+    code = ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)" if how == "kill"
+            else "raise SystemExit(3)")
+    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
+    out = classify(proc.returncode, pids={12345678}, oom_kills_before=0, oom_kills_after=0,
+                   victims={}, elapsed_s=1.0, error=None if how == "kill" else "SystemExit: 3")
+    if how == "kill":
+        assert (out.status, out.text, out.signal) == ("killed", "killed: SIGKILL", "SIGKILL")
+    else:
+        assert (out.status, out.exit_code) == ("error", 3)
+        assert out.text == "raised: SystemExit: 3"
+
+
+def test_classify_out_of_memory_and_timeout() -> None:
+    line = ("[ 9321.123] Out of memory: Killed process 4242 (python) total-vm:9800000kB, "
+            "anon-rss:8054688kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:16400kB "
+            "oom_score_adj:1000")
+    victims = {int(m[1]): int(m[3]) * 1024 for m in _VICTIM.finditer(line)}
+    assert victims == {4242: 8054688 * 1024}
+    out = classify(-9, pids={4242}, victims=victims, oom_kills_before=3, oom_kills_after=4)
+    assert out.status == "oom" and out.text == "killed: out of memory at 8.2 GB"
+    # a child of the trial killed for memory makes the trial fail: still out of memory
+    out = classify(1, pids={10, 4242}, victims=victims, error="BrokenProcessPool: ...")
+    assert out.status == "oom" and out.oom_victim == 4242
+    # the counter moved and the process died of SIGKILL, with no readable kernel log
+    out = classify(-9, pids={7}, victims={}, oom_kills_before=3, oom_kills_after=4,
+                   last_memory_bytes=3 * 10**9)
+    assert out.text == "killed: out of memory at 3.0 GB"
+    out = classify(-9, timed_out=True, elapsed_s=61.2)
+    assert out.status == "timeout" and out.text == "timed out after 61 s"
+    assert gigabytes(5 * 10**8) == "500 MB"
+
+
+def test_resident_bytes_follows_the_page_cache(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(0).random(2 * 2**20 // 8)
+    data.tofile(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert resident_bytes(path) <= 64 * 1024  # dropped (a few pages may come back)
+        while os.read(fd, 1 << 20):
+            pass
+    finally:
+        os.close(fd)
+    assert resident_bytes(path) == path.stat().st_size
+    assert resident_bytes(tmp_path / "missing") == 0
+
+
+def test_node_memory_counts_a_shared_file_once(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = cache / "store.bin"
+    np.ones(16 * 2**20, dtype=np.uint8).tofile(path)
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    readers = []
+    try:
+        for _ in range(2):
+            ready = ctx.Event()
+            proc = ctx.Process(target=map_and_hold, args=(str(path), ready, stop))
+            proc.start()
+            assert ready.wait(60)
+            readers.append(proc)
+        sample = NodeMemory([cache]).sample([p.pid for p in readers])
+        mib = 2**20
+        # both map all 16 MiB: PSS charges each half, the page cache holds it once
+        assert sample["cache_pss"] == pytest.approx(16 * mib, abs=mib)
+        assert sample["cache_resident"] == 16 * mib
+        assert sample["node"] == sample["pss"] - sample["cache_pss"] + 16 * mib
+        alone = NodeMemory().sample([p.pid for p in readers])
+        assert alone["cache_resident"] == 0 and alone["pss"] == pytest.approx(sample["pss"],
+                                                                               rel=0.05)
+    finally:
+        stop.set()
+        for proc in readers:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+
+
+def test_decode_meter_counts_every_call_in_every_process(tmp_path: Path) -> None:
+    from PIL import Image
+
+    import tensorstore_cache as tsc
+
+    paths = []
+    for i in range(12):
+        p = tmp_path / f"{i}.jpg"
+        Image.fromarray(np.full((40, 30, 3), i * 20, dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    log = tmp_path / "decode.log"
+    meter = DecodeMeter(tsc.ImageLoader((32, 32)), log)
+    assert meter.loader_id == tsc.ImageLoader((32, 32)).loader_id
+    assert meter.item_shape == (3, 32, 32)
+    here = [meter(p) for p in paths[:4]]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        there = pool.map(meter, paths[4:], chunksize=1)
+    np.testing.assert_array_equal(here[0], tsc.ImageLoader((32, 32))(paths[0]))
+    assert len(there) == 8
+    got = read_log(log)
+    assert got["calls"] == 12 and got["cpu_s"] > 0
+    assert os.getpid() in got["pids"] and len(got["pids"]) >= 2
+    with open(log, "ab") as f:  # a writer killed mid-record leaves a partial record
+        f.write(b"\x01\x02")
+    assert read_log(log)["calls"] == 12
+    assert read_log(tmp_path / "none")["calls"] == 0

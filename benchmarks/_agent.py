@@ -21,6 +21,10 @@ unique paths, then runs the tasks of its job in this order:
 
 A ``baseline`` job imports the same libraries and reads the same paths, then holds:
 memory growth is reported over it.
+
+Every agent first sets its ``oom_score_adj`` to 1000: when a round needs more memory
+than the machine has, the kernel's OOM killer takes an agent, and the driver records
+that as the round's result.
 """
 
 from __future__ import annotations
@@ -90,11 +94,26 @@ def _dataloader_epoch(column: Any) -> dict[str, Any]:
     return {"seconds": seconds, "items": items, "items_per_s": items / seconds if seconds else 0.0}
 
 
+def _oom_score_adj() -> int | None:
+    """This process's ``oom_score_adj`` as the kernel has it (None: not Linux)."""
+    try:
+        with open("/proc/self/oom_score_adj", encoding="ascii") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def agent_main(job: dict[str, Any], conn: Any) -> None:
     """Run one agent job; send results through ``conn`` (a Pipe end)."""
     result: dict[str, Any] = {"pid": os.getpid()}
     try:
         from benchmarks import methods
+        from benchmarks._memory import set_oom_score_adj
+
+        # the kernel kills an agent first when memory runs out, never the driver or
+        # anything else on the machine (the agent's own worker processes inherit it)
+        set_oom_score_adj(1000)
+        result["oom_score_adj"] = _oom_score_adj()
 
         method = methods.get(job["method"])
         t0 = time.perf_counter()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+from collections.abc import Callable
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from benchmarks.methods.torch_save import UNSAFE_NOTE
@@ -14,6 +14,11 @@ from benchmarks.methods.torch_save import UNSAFE_NOTE
 TSC = "tensorstore_cache"
 PACKAGES = ("numpy", "torch", "zarr", "datasets", "pandas", "pyarrow", "pillow", "tensorstore",
             "psutil", "xxhash")
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def environment() -> dict[str, Any]:
@@ -36,7 +41,7 @@ def environment() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": now(),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "ram_bytes": psutil.virtual_memory().total,
@@ -45,6 +50,32 @@ def environment() -> dict[str, Any]:
         "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "versions": versions,
     }
+
+
+#: the round each figure of a method's record comes from
+FIGURE_ROUND = {
+    "first_agent_s": "first", "disk_bytes": "first",
+    "later_agent_s": "1", "open_s": "1", "lookup_items_per_s": "1", "batch_items_per_s": "1",
+    "dataloader_epoch_s": "1", "full_pass_s": "1",
+    "uss_total_bytes_4_agents": "4", "pss_total_bytes_4_agents": "4",
+    "uss_growth_bytes_4_agents": "4", "anon_growth_bytes_4_agents": "4",
+}
+ROUND_NAMES = {"first": "first agent", "1": "1 agent"}
+
+
+def round_name(key: str) -> str:
+    """``"first agent"``, ``"1 agent"``, ``"4 agents"``."""
+    return ROUND_NAMES.get(key, f"{key} agents")
+
+
+def missing(rec: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    """The record of the failed or skipped round that left figure ``key`` out, if any."""
+    if not rec:
+        return None
+    rnd = rec.get("rounds", {}).get(FIGURE_ROUND.get(key, ""))
+    if rnd and rnd.get("status", "ok") != "ok":
+        return dict(rnd)
+    return None
 
 
 def _get(results: dict[str, Any], method: str, key: str) -> float | None:
@@ -59,11 +90,27 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def targets(results: dict[str, Any], open_vs_n: dict[str, Any], sizes: list[int]) -> dict[str, Any]:
-    """The project's target ratios, computed within this run, each PASS or MISS."""
+    """The project's target ratios, computed within this run.
+
+    Each is PASS or MISS; ``n/a`` where a method it compares was not run; ``FAILED``
+    (``SKIPPED``) where a figure it needs comes from a round that failed (was skipped),
+    with ``"reason"`` naming the method, the round and what happened.
+    """
     t: dict[str, Any] = {}
 
-    def add(key: str, text: str, value: float | None, op: str, threshold: float) -> None:
+    def add(key: str, text: str, value: float | None, op: str, threshold: float,
+            needs: list[tuple[str, str]]) -> None:
+        reasons = []
         if value is None:
+            for method, figure in needs:
+                rnd = missing(results.get(method), figure)
+                if rnd is not None:
+                    rnd["where"] = f"{method}, {round_name(FIGURE_ROUND[figure])}"
+                    reasons.append(rnd)
+        if reasons:
+            failed = [r for r in reasons if r["status"] != "skipped"]
+            status = "FAILED" if failed else "SKIPPED"
+        elif value is None:
             status = "n/a"
         elif op == ">=":
             status = "PASS" if value >= threshold else "MISS"
@@ -73,35 +120,44 @@ def targets(results: dict[str, Any], open_vs_n: dict[str, Any], sizes: list[int]
             status = "PASS" if value <= threshold else "MISS"
         t[key] = {"description": text, "value": value, "op": op, "threshold": threshold,
                   "status": status}
+        if reasons:
+            t[key]["reason"] = "; ".join(f"{r['where']}: {r['text']}" for r in reasons)
 
     later = {m: _get(results, m, "later_agent_s") for m in results}
     for other in ("torch_save", "manager_vectors"):
         add(f"later_agent_vs_{other}",
             f"later agent: {other} time / {TSC} time", _ratio(later.get(other), later.get(TSC)),
-            ">=", 20.0)
+            ">=", 20.0, [(other, "later_agent_s"), (TSC, "later_agent_s")])
     look = {m: _get(results, m, "lookup_items_per_s") for m in results}
-    add("lookup_vs_manager_vectors", f"single lookups/s: {TSC} / manager_vectors",
-        _ratio(look.get(TSC), look.get("manager_vectors")), ">=", 50.0)
-    add("lookup_vs_hf_datasets", f"single lookups/s: {TSC} / hf_datasets",
-        _ratio(look.get(TSC), look.get("hf_datasets")), ">=", 30.0)
+    for other, wanted in (("manager_vectors", 50.0), ("hf_datasets", 30.0)):
+        add(f"lookup_vs_{other}", f"single lookups/s: {TSC} / {other}",
+            _ratio(look.get(TSC), look.get(other)), ">=", wanted,
+            [(TSC, "lookup_items_per_s"), (other, "lookup_items_per_s")])
     batch = {m: _get(results, m, "batch_items_per_s") for m in results}
-    add("batch_vs_raw_memmap", f"random batch of 256, items/s: {TSC} / raw_memmap",
-        _ratio(batch.get(TSC), batch.get("raw_memmap")), ">=", 0.5)
-    add("batch_vs_hf_datasets", f"random batch of 256, items/s: {TSC} / hf_datasets",
-        _ratio(batch.get(TSC), batch.get("hf_datasets")), ">=", 20.0)
+    for other, wanted in (("raw_memmap", 0.5), ("hf_datasets", 20.0)):
+        add(f"batch_vs_{other}", f"random batch of 256, items/s: {TSC} / {other}",
+            _ratio(batch.get(TSC), batch.get(other)), ">=", wanted,
+            [(TSC, "batch_items_per_s"), (other, "batch_items_per_s")])
     growth = _get(results, TSC, "uss_growth_bytes_4_agents")
     store = _get(results, TSC, "disk_bytes")
     add("memory_4_agents", f"4 agents' total private memory growth / {TSC} store size",
-        _ratio(growth, store), "<=", 0.10)
+        _ratio(growth, store), "<=", 0.10,
+        [(TSC, "uss_growth_bytes_4_agents"), (TSC, "disk_bytes")])
     first = {m: _get(results, m, "first_agent_s") for m in results}
     add("first_agent_vs_no_cache", f"first agent: no_cache time / {TSC} time (build, 2 workers)",
-        _ratio(first.get("no_cache"), first.get(TSC)), ">", 1.0)
+        _ratio(first.get("no_cache"), first.get(TSC)), ">", 1.0,
+        [("no_cache", "first_agent_s"), (TSC, "first_agent_s")])
     opens = open_vs_n.get(TSC, {})
     lo, hi = (str(min(sizes)), str(max(sizes))) if sizes else ("", "")
     small = opens.get(lo, {}).get("open_s")
     large = opens.get(hi, {}).get("open_s")
     add("open_largest_vs_smallest", f"{TSC} open time at {hi} items / at {lo} items",
-        _ratio(large, small), "<=", 2.0)
+        _ratio(large, small), "<=", 2.0, [])
+    bad = [(n, opens[n]) for n in (lo, hi) if opens.get(n, {}).get("status", "ok") != "ok"]
+    if bad and t["open_largest_vs_smallest"]["value"] is None:
+        t["open_largest_vs_smallest"]["status"] = "FAILED"
+        t["open_largest_vs_smallest"]["reason"] = "; ".join(
+            f"{TSC}, open at {n} items: {r['text']}" for n, r in bad)
     return t
 
 
@@ -144,6 +200,73 @@ def _x(value: Any) -> str:
     return f"{v:.3g}x" if v < 1000 else f"{v:,.0f}x"
 
 
+#: the main table's figure columns: record key, format
+TABLE: list[tuple[str, Callable[[Any], str]]] = [
+    ("first_agent_s", _s), ("later_agent_s", _s), ("open_s", _s),
+    ("lookup_items_per_s", _rate), ("batch_items_per_s", _rate), ("dataloader_epoch_s", _s),
+    ("full_pass_s", _s), ("uss_total_bytes_4_agents", _mb), ("pss_total_bytes_4_agents", _mb),
+    ("uss_growth_bytes_4_agents", _mb), ("disk_bytes", _mb),
+]
+
+
+def _cell(rec: dict[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
+    """A figure, or what happened to the round that should have measured it."""
+    value = rec.get(key)
+    if value is None:
+        rnd = missing(rec, key)
+        if rnd is not None:
+            return str(rnd["text"])
+    return fmt(value)
+
+
+def _round_cell(rec: dict[str, Any], k: str, key: str) -> str:
+    value = rec.get("memory", {}).get(k, {}).get(key)
+    rnd = rec.get("rounds", {}).get(k)
+    if value is None and rnd and rnd.get("status", "ok") != "ok":
+        return str(rnd["text"])
+    return _mb(value)
+
+
+def _size_cell(per: dict[str, Any] | None, key: str) -> str:
+    if per and per.get("status", "ok") != "ok":
+        return str(per["text"])
+    return _s((per or {}).get(key))
+
+
+def failures(results: dict[str, Any], open_vs_n: dict[str, Any]) -> list[str]:
+    """The section listing every round that failed or was skipped, with its evidence."""
+    rows = []
+    for name, rec in results.items():
+        for key, rnd in rec.get("rounds", {}).items():
+            if rnd.get("status", "ok") != "ok":
+                rows.append((name, round_name(key), rnd))
+    for name, per in open_vs_n.items():
+        for n, rnd in per.items():
+            if rnd.get("status", "ok") != "ok":
+                rows.append((name, f"open at {int(n):,} items", rnd))
+    if not rows:
+        return []
+    out = ["", "## Failures and skipped rounds (results, not crashes)", "",
+           "| method | round | status | signal | last USS MiB | last anonymous MiB "
+           "| elapsed s | what happened |",
+           "|---|---|---|---|---:|---:|---:|---|"]
+    for name, where, rnd in rows:
+        last = rnd.get("last_memory") or {}
+        detail = [rnd.get("text", "")]
+        if rnd.get("agents"):
+            detail.append(f"{rnd.get('role', 'agent')} {rnd.get('agent', 0) + 1} of "
+                          f"{rnd['agents']}, waiting for {rnd.get('waiting_for')}")
+        detail += list(rnd.get("evidence", []))
+        if rnd.get("kernel_log") and rnd["kernel_log"] != "read":
+            detail.append(f"kernel log: {rnd['kernel_log']}")
+        elapsed = rnd.get("elapsed_s")
+        out.append(f"| {name} | {where} | {rnd['status']} | {rnd.get('signal') or '-'} "
+                   f"| {_mb(last.get('uss'))} | {_mb(last.get('anon'))} "
+                   f"| {'-' if elapsed is None else f'{elapsed:.1f}'} "
+                   f"| {'; '.join(d.replace('|', '/') for d in detail if d)} |")
+    return out
+
+
 def markdown(report: dict[str, Any]) -> str:
     env, results = report["env"], report["methods"]
     sizes = env["sizes"]
@@ -167,19 +290,14 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for name, r in results.items():
         same = r.get("vectors_equal_no_cache")
-        lines.append(
-            f"| {name} | {_s(r.get('first_agent_s'))} | {_s(r.get('later_agent_s'))} "
-            f"| {_s(r.get('open_s'))} | {_rate(r.get('lookup_items_per_s'))} "
-            f"| {_rate(r.get('batch_items_per_s'))} | {_s(r.get('dataloader_epoch_s'))} "
-            f"| {_s(r.get('full_pass_s'))} | {_mb(r.get('uss_total_bytes_4_agents'))} "
-            f"| {_mb(r.get('pss_total_bytes_4_agents'))} "
-            f"| {_mb(r.get('uss_growth_bytes_4_agents'))} | {_mb(r.get('disk_bytes'))} "
-            f"| {'yes' if same else ('-' if same is None else 'NO')} |"
-        )
+        cells = [_cell(r, key, fmt) for key, fmt in TABLE]
+        lines.append(f"| {name} | " + " | ".join(cells)
+                     + f" | {'yes' if same else ('-' if same is None else 'NO')} |")
     lines += ["", "## Targets (ratios within this run)", "",
               "| target | value | wanted | status |", "|---|---:|---:|:---:|"]
     for t in report["targets"].values():
-        lines.append(f"| {t['description']} | {_x(t['value'])} | {t['op']} {t['threshold']:g}x "
+        value = t.get("reason") or _x(t["value"])
+        lines.append(f"| {t['description']} | {value} | {t['op']} {t['threshold']:g}x "
                      f"| {t['status']} |")
     ovn = report.get("open_vs_n") or {}
     if ovn:
@@ -189,10 +307,11 @@ def markdown(report: dict[str, Any]) -> str:
                   + " | " + " | ".join(f"hold column s @ {n:,}" for n in ns) + " |",
                   "|---|" + "---:|" * (2 * len(ns))]
         for name, per in ovn.items():
-            opens = [_s(per.get(str(n), {}).get("open_s")) for n in ns]
-            loads = [_s(per.get(str(n), {}).get("load_s")) for n in ns]
+            opens = [_size_cell(per.get(str(n)), "open_s") for n in ns]
+            loads = [_size_cell(per.get(str(n)), "load_s") for n in ns]
             lines.append(f"| {name} | " + " | ".join(opens + loads) + " |")
-    mem_ks = sorted({int(k) for r in results.values() for k in r.get("memory", {})})
+    mem_ks = sorted({int(k) for k in sizes.get("agents") or []}
+                    | {int(k) for r in results.values() for k in r.get("memory", {})})
     if mem_ks:
         top = str(max(mem_ks))
         lines += ["", "## Memory growth over a baseline agent (MiB, all agents + manager)", "",
@@ -200,11 +319,11 @@ def markdown(report: dict[str, Any]) -> str:
                   + f" | PSS K={top} | anonymous K={top} |",
                   "|---|" + "---:|" * (len(mem_ks) + 2)]
         for name, r in results.items():
-            mem = r.get("memory", {})
-            cells = [_mb(mem.get(str(k), {}).get("uss_growth_bytes")) for k in mem_ks]
-            cells.append(_mb(mem.get(top, {}).get("pss_growth_bytes")))
-            cells.append(_mb(mem.get(top, {}).get("anon_growth_bytes")))
+            cells = [_round_cell(r, str(k), "uss_growth_bytes") for k in mem_ks]
+            cells.append(_round_cell(r, top, "pss_growth_bytes"))
+            cells.append(_round_cell(r, top, "anon_growth_bytes"))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += failures(results, ovn)
     lines += [
         "",
         "Notes:",
@@ -222,80 +341,27 @@ def markdown(report: dict[str, Any]) -> str:
         "pages in its USS; from two agents on they are shared. 'anonymous' counts only "
         "anonymous memory (heap, private copies).",
         f"- {UNSAFE_NOTE}.",
+        "- failures: every agent sets its oom_score_adj to 1000, so a round that needs more "
+        "memory than the machine has loses an agent to the kernel's OOM killer, never the "
+        "driver or another process. A round whose agent is killed, raises or runs past the "
+        "agent timeout is recorded as a result: the figures it should have measured say what "
+        "happened, at the agent's last sampled anonymous memory (or the anon-rss the kernel "
+        "logged), in GB = 10^9 bytes; targets that need such a figure say FAILED (SKIPPED for "
+        "a skipped round). A round of K agents whose estimate (K x the 1-agent round's peak "
+        "anonymous memory, plus a baseline agent) exceeds the available memory is skipped "
+        "unless --allow-oom.",
         "- Timings come from one run on a shared machine; ratios within the run are what the "
         "targets compare.",
-        "",
     ]
+    disk = env.get("disk") or {}
+    if disk.get("short"):
+        lines.append(f"- disk: {disk['free_bytes'] / 1e9:.1f} GB were free under {disk['path']} "
+                     f"at the start, short of the about {disk['need_bytes'] / 1e9:.1f} GB "
+                     "this run may write.")
+    runs = env.get("runs") or []
+    if len(runs) > 1:
+        lines.append("- resumed: measured in " + str(len(runs)) + " runs of the same "
+                     "configuration (" + "; ".join(f"{r.get('date')}, {r.get('wall_s', 0):.0f} s"
+                                                  for r in runs) + ").")
+    lines.append("")
     return "\n".join(lines)
-
-
-def plots(report: dict[str, Any], out: Path) -> list[Path]:
-    """Write the three PNG plots into ``out``; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    results = report["methods"]
-    names = list(results)
-    written: list[Path] = []
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    ys = range(len(names))
-    first = [results[m].get("first_agent_s") or 0 for m in names]
-    later = [results[m].get("later_agent_s") or 0 for m in names]
-    ax.barh([y + 0.2 for y in ys], first, height=0.4, label="first agent (builds the cache)")
-    ax.barh([y - 0.2 for y in ys], later, height=0.4, label="later agent (cache in place)")
-    ax.set_yticks(list(ys), names)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("seconds until the agent holds every vector (log)")
-    n = report["env"]["sizes"]["unique_paths"]
-    ax.set_title(f"Time to vectors, {n:,} covers")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
-    fig.tight_layout()
-    written.append(out / "time_to_vectors.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for name in names:
-        mem = results[name].get("memory", {})
-        ks = sorted(int(k) for k in mem)
-        if not ks:
-            continue
-        growth = [max(1.0, (mem[str(k)].get("uss_growth_bytes") or 0) / 2**20) for k in ks]
-        pss = [mem[str(k)]["pss_total_bytes"] / 2**20 for k in ks]
-        axes[0].plot(ks, growth, marker="o", label=name)
-        axes[1].plot(ks, pss, marker="o", label=name)
-    axes[0].set_title("private memory (USS) growth over baseline, total")
-    axes[1].set_title("PSS, total of agents (+ manager)")
-    for a in axes:
-        a.set_xlabel("agents holding the full column")
-        a.set_ylabel("MiB (log)")
-        a.set_yscale("log")
-        a.set_xticks([1, 2, 4])
-    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
-    written.append(out / "memory_vs_agents.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    for name, per in (report.get("open_vs_n") or {}).items():
-        ns = sorted(int(k) for k in per)
-        vals = [per[str(k)].get("open_s") for k in ns]
-        pts = [(k, v) for k, v in zip(ns, vals, strict=True) if v]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("items in the store (log)")
-    ax.set_ylabel("open / load seconds in a fresh agent (log)")
-    ax.set_title("Open / load time vs store size")
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
-    written.append(out / "open_vs_n.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-    return written

@@ -12,64 +12,53 @@ method of :mod:`benchmarks.methods`, in fresh ``spawn``-ed agent processes:
   baseline agent that imported the same libraries (growth is reported over it);
 - disk bytes; then open/load time at three store sizes, written with random vectors.
 
-Writes ``latest.md``, ``latest.json`` and PNG plots into ``benchmarks/results/`` (or
-``--results``) and prints the markdown table, with the project's target ratios marked
-PASS or MISS.
+A method whose agent is killed (the kernel's OOM killer included), raises, or runs
+past ``--agent-timeout`` has that round recorded as its result (status, signal, last
+sampled memory, elapsed time) and the run goes on; rounds of K agents that would not
+fit in the available memory are skipped unless ``--allow-oom`` (see
+:mod:`benchmarks._rounds`). The run exits 0 either way.
+
+Writes ``NAME.json`` and ``NAME.md`` (``--out NAME``, default ``latest``), rewritten
+atomically after each method, and PNG plots into ``benchmarks/results/`` (or
+``--results``), and prints the markdown table, with the project's target ratios marked
+PASS or MISS (or FAILED / SKIPPED where a figure they need could not be measured).
+``--resume`` keeps the methods ``NAME.json`` already holds for the same configuration.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks import _report, make_images, methods
-from benchmarks._driver import run_round, set_start_method
-from benchmarks.methods._base import ITEM_BYTES, SyntheticLoader
-from benchmarks.methods.torch_save import UNSAFE_NOTE
+from benchmarks import _plots, _report, make_images, methods
+from benchmarks._driver import AGENT_TIMEOUT_S, set_start_method
+from benchmarks._memory import available_memory, gb
+from benchmarks._results import ResultsFile
+from benchmarks._rounds import (
+    Config,
+    bench_method,
+    bench_open_vs_n,
+    check_vectors,
+    log,
+    write_paths,
+)
+from benchmarks.methods._base import ITEM_BYTES
 
 DEFAULT_IMAGES = 10_000
 QUICK_IMAGES = 200
 DEFAULT_OPEN_SIZES = (5_000, 20_000, 80_000)
 QUICK_OPEN_SIZES = (100, 200, 400)
 RESULTS = Path(__file__).resolve().parent / "results"
-REPEAT_BELOW_S = 0.5  # open-time runs shorter than this are repeated (median)
-
-
-@dataclass
-class Config:
-    images: int
-    seed: int
-    workdir: Path
-    data: Path
-    results: Path
-    methods: list[str]
-    agents: list[int]
-    open_sizes: list[int]
-    budget_s: float
-    quick: bool
-    start_method: str
-    open_repeats: int
-    verify_rows: list[int] = field(default_factory=list)
-
-
-def _fmt(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+IMAGE_BYTES = 7_000  # a generated cover on disk, about (6.5 kB measured at 20,000)
 
 
 def unique_paths(data: Path) -> tuple[list[str], int]:
@@ -82,149 +71,27 @@ def unique_paths(data: Path) -> tuple[list[str], int]:
     return [os.path.join(root, p) for p in rel], len(ratings)
 
 
-def write_paths(paths: list[str], file: Path) -> str:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text("\n".join(paths), encoding="utf-8")
-    return str(file)
-
-
-def _mem_summary(mem: dict[str, Any]) -> dict[str, Any]:
-    agents, base, servers = mem["agents"], mem["baseline"], mem["servers"]
-    out: dict[str, Any] = {
-        "agents_uss_bytes": [a["uss"] for a in agents],
-        "agents_pss_bytes": [a["pss"] for a in agents],
-        "baseline_uss_bytes": base["uss"] if base else None,
-        "baseline_pss_bytes": base["pss"] if base else None,
-        "servers_uss_bytes": [s["uss"] for s in servers],
-        "servers_pss_bytes": [s["pss"] for s in servers],
-    }
-    server_uss = sum(s["uss"] for s in servers)
-    server_pss = sum(s["pss"] for s in servers)
-    out["uss_total_bytes"] = sum(a["uss"] for a in agents) + server_uss
-    out["pss_total_bytes"] = sum(a["pss"] for a in agents) + server_pss
-    if all("anon" in m for m in [*agents, *servers]):
-        out["agents_anon_bytes"] = [a["anon"] for a in agents]
-        if base and "anon" in base:
-            out["anon_growth_bytes"] = (sum(a["anon"] - base["anon"] for a in agents)
-                                        + sum(s["anon"] for s in servers))
-    if base:
-        out["uss_growth_bytes"] = sum(a["uss"] - base["uss"] for a in agents) + server_uss
-        out["pss_growth_bytes"] = sum(a["pss"] - base["pss"] for a in agents) + server_pss
-    return out
-
-
-def bench_method(name: str, cfg: Config, paths: list[str], paths_file: str) -> dict[str, Any]:
-    method = methods.get(name)
-    state = method.prepare(cfg.workdir / "methods" / name, paths)
-    servers = method.server_pids(state)
-    vdir = cfg.workdir / "verify"
-    vdir.mkdir(parents=True, exist_ok=True)
-    job = {"method": name, "state": state, "paths_file": paths_file, "seed": cfg.seed,
-           "budget_s": cfg.budget_s, "verify_rows": cfg.verify_rows}
-    rec: dict[str, Any] = {"summary": method.summary}
-    if name == "torch_save":
-        log(UNSAFE_NOTE)
-    try:
-        log(f"{name}: first agent")
-        (first,), _ = run_round(
-            [dict(job, tasks=["load", "verify"], verify_file=str(vdir / f"{name}-first.npy"))],
-            servers,
-        )
-        rec["first_agent_s"] = first["load_s"]
-        rec["first_agent_hit"] = first["hit"]
-        rec["disk_bytes"] = method.disk_bytes(state)
-        rec["memory"] = {}
-        for k in cfg.agents:
-            log(f"{name}: {k} agent(s) with the cache in place, and a baseline")
-            jobs = [dict(job, tasks=["load", "full_pass", "hold"]) for _ in range(k)]
-            if k == 1:
-                jobs[0]["tasks"] = ["load", "full_pass", "hold", "verify", "lookups", "batches",
-                                    "dataloader"]
-                jobs[0]["verify_file"] = str(vdir / f"{name}-later.npy")
-            jobs.append(dict(job, tasks=["baseline"]))
-            results, mem = run_round(jobs, servers)
-            assert mem is not None
-            summary = _mem_summary(mem)
-            summary["load_s"] = [r["load_s"] for r in results[:k]]
-            rec["memory"][str(k)] = summary
-            if k == 1:
-                later = results[0]
-                rec["later_agent_s"] = later["load_s"]
-                rec["later_agent_hit"] = later["hit"]
-                rec["open_s"] = later["open_s"]
-                rec["full_pass_s"] = later["full_pass_s"]
-                rec["lookup_items_per_s"] = later["lookups"]["per_s"]
-                rec["lookup_calls"] = later["lookups"]["calls"]
-                rec["batch_items_per_s"] = later["batches"]["items_per_s"]
-                rec["batch_calls"] = later["batches"]["calls"]
-                rec["dataloader_epoch_s"] = later["dataloader"]["seconds"]
-                rec["dataloader_items"] = later["dataloader"]["items"]
-                rec["agent_import_s"] = later["import_s"]
-        top = rec["memory"].get("4") or rec["memory"][str(max(cfg.agents))]
-        rec["uss_total_bytes_4_agents"] = top["uss_total_bytes"] if "4" in rec["memory"] else None
-        rec["pss_total_bytes_4_agents"] = top["pss_total_bytes"] if "4" in rec["memory"] else None
-        rec["uss_growth_bytes_4_agents"] = (
-            top.get("uss_growth_bytes") if "4" in rec["memory"] else None
-        )
-        rec["anon_growth_bytes_4_agents"] = (
-            top.get("anon_growth_bytes") if "4" in rec["memory"] else None
-        )
-    finally:
-        method.teardown()
-    return rec
-
-
-def bench_open_vs_n(name: str, cfg: Config) -> dict[str, Any]:
-    """Open/load time of a later agent at each size, on stores of random vectors."""
-    method = methods.get(name)
-    out: dict[str, Any] = {}
-    for n in cfg.open_sizes:
-        root = cfg.workdir / "open" / name / str(n)
-        paths = [f"{cfg.workdir}/synthetic/{i // 1000:04d}/{i:08d}.jpg" for i in range(n)]
-        paths_file = write_paths(paths, cfg.workdir / "open" / f"paths-{n}.txt")
-        state = method.prepare(root, paths)
-        try:
-            t0 = time.perf_counter()
-            column = method.load(state, paths, SyntheticLoader())
-            column.close()
-            write_s = time.perf_counter() - t0
-            del column
-            gc.collect()
-            runs = []
-            for _ in range(cfg.open_repeats):  # each in a fresh agent process
-                (res,), _ = run_round([{"method": name, "state": state, "paths_file": paths_file,
-                                        "tasks": ["load"], "synthetic": True}])
-                runs.append(res)
-                if res["load_s"] > REPEAT_BELOW_S:
-                    break  # seconds-long loads need no median against scheduling noise
-            opens = [r["open_s"] for r in runs]
-            loads = [r["load_s"] for r in runs]
-            out[str(n)] = {
-                "open_s": statistics.median(opens) if None not in opens else None,
-                "load_s": statistics.median(loads),
-                "open_s_runs": opens, "load_s_runs": loads,
-                "hit": all(r["hit"] for r in runs), "write_s": write_s,
-                "disk_bytes": method.disk_bytes(state),
-            }
-            log(f"{name}: n={n}: open {_fmt(out[str(n)]['open_s'])}, "
-                f"hold column {_fmt(out[str(n)]['load_s'])} (median of {len(runs)} agents)")
-        finally:
-            method.teardown()
-            shutil.rmtree(root, ignore_errors=True)
-    return out
-
-
-def check_vectors(cfg: Config, names: list[str]) -> dict[str, bool | None]:
-    vdir = cfg.workdir / "verify"
-    ref_file = vdir / "no_cache-first.npy"
-    if not ref_file.exists():
-        return {name: None for name in names}
-    ref = np.load(ref_file)
-    equal: dict[str, bool | None] = {}
-    for name in names:
-        files = [vdir / f"{name}-first.npy", vdir / f"{name}-later.npy"]
-        equal[name] = all(f.exists() and np.array_equal(np.load(f), ref) for f in files)
-    return equal
+def disk_check(cfg: Config) -> dict[str, Any]:
+    """Free disk under the work directory against what the run will write, at most."""
+    images = 0 if make_images.is_complete(cfg.data, cfg.images, cfg.seed) else (
+        cfg.images * IMAGE_BYTES)
+    n = cfg.images  # unique covers
+    # one method's cache at a time (each is deleted once measured; the pickled Series
+    # and a map() in two processes take about twice the column), the largest
+    # open-time store, the images
+    need = images + 2 * n * ITEM_BYTES + 2 * max(cfg.open_sizes, default=0) * ITEM_BYTES
+    probe = cfg.workdir
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    check = {"path": str(probe), "free_bytes": free, "need_bytes": need, "short": free < need}
+    if check["short"]:
+        log(f"WARNING: {probe} has {gb(free)} free; this run may write about {gb(need)} "
+            "(images, one method's cache, open-time stores): methods may fail for lack of "
+            "disk (pass --workdir on a larger disk)")
+    else:
+        log(f"disk: about {gb(need)} needed, {gb(free)} free under {probe}")
+    return check
 
 
 def parse(argv: list[str] | None) -> Config:
@@ -238,6 +105,12 @@ def parse(argv: list[str] | None) -> Config:
     parser.add_argument("--data", type=Path, default=None,
                         help="image directory (default: WORKDIR/data-N-sSEED, reused)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="output directory")
+    parser.add_argument("--out", default="latest",
+                        help="results name: writes NAME.json, NAME.md and NAME-*.png "
+                        "(default latest, whose plots keep their plain names)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the methods already measured in NAME.json with the same "
+                        "configuration, run the others")
     parser.add_argument("--methods", default=",".join(methods.METHODS),
                         help="comma-separated subset of: " + ", ".join(methods.METHODS))
     parser.add_argument("--agents", default=None, help="agent counts (default 1,2,4)")
@@ -249,6 +122,13 @@ def parse(argv: list[str] | None) -> Config:
                         help="fresh agents per open-time measurement, median (default 3; quick 1)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds per rate measurement (default 1.0; quick 0.1)")
+    parser.add_argument("--agent-timeout", type=float, default=AGENT_TIMEOUT_S,
+                        help="seconds a round's agents may run before they are stopped and "
+                        f"the round is recorded as timed out (default {AGENT_TIMEOUT_S:g})")
+    parser.add_argument("--allow-oom", action="store_true",
+                        help="run rounds of K agents even where the 1-agent round's memory x K "
+                        "exceeds the available memory (their agents may be killed by the "
+                        "kernel: recorded as results); without it such rounds are skipped")
     parser.add_argument("--start-method", choices=("spawn", "forkserver"), default=None,
                         help="how agents start (default spawn: fresh interpreters; "
                         "--quick defaults to forkserver, which starts them in milliseconds)")
@@ -259,7 +139,10 @@ def parse(argv: list[str] | None) -> Config:
     workdir = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-bench").resolve()
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     for name in names:
-        methods.get(name)  # fail early on a typo
+        try:
+            methods.get(name)  # fail early on a typo
+        except KeyError as exc:
+            parser.error(str(exc.args[0]))
     agents = [int(k) for k in args.agents.split(",")] if args.agents else [1, 2, 4]
     if 1 not in agents:
         agents.insert(0, 1)
@@ -272,21 +155,49 @@ def parse(argv: list[str] | None) -> Config:
     budget = args.budget if args.budget is not None else (0.1 if quick else 1.0)
     start = args.start_method or ("forkserver" if quick else "spawn")
     repeats = args.open_repeats or (1 if quick else 3)
-    return Config(images, args.seed, workdir, data, args.results.resolve(), names, agents,
-                  sizes, budget, quick, start, repeats)
+    if args.agent_timeout <= 0:
+        parser.error(f"--agent-timeout must be > 0 seconds, got {args.agent_timeout:g}")
+    try:
+        files = ResultsFile(args.results.resolve(), args.out)
+    except ValueError as exc:
+        parser.error(f"--out: {exc}")
+    return Config(images, args.seed, workdir, data, files.directory, names, agents, sizes,
+                  budget, quick, start, repeats, files.name, args.resume, args.agent_timeout,
+                  args.allow_oom)
+
+
+def _config_dict(cfg: Config) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v
+            for k, v in asdict(cfg).items() if k != "verify_rows"}
+
+
+def _order(results: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """Methods in table order: the registry's, then the others as given."""
+    known = [m for m in methods.METHODS if m in results]
+    return {m: results[m] for m in [*known, *(m for m in names if m not in known),
+                                    *(m for m in results if m not in known and m not in names)]
+            if m in results}
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
+    files = ResultsFile(cfg.results, cfg.out)
+    try:
+        previous = files.resume(_config_dict(cfg)) if cfg.resume else None
+    except ValueError as exc:
+        log(f"error: {exc}")
+        return 2
     set_start_method(cfg.start_method)
     started = time.time()
     env = _report.environment()
+    env["disk"] = disk_check(cfg)
+    env["available_memory_at_start"] = available_memory()[0]
     log(f"generating {cfg.images} covers into {cfg.data}")
     t0 = time.perf_counter()
     make_images.generate(cfg.data, cfg.images, cfg.seed)
     gen_s = time.perf_counter() - t0
     paths, ratings_rows = unique_paths(cfg.data)
-    for sub in ("methods", "verify", "open", "paths"):
+    for sub in ("methods", "open", "paths") if previous else ("methods", "verify", "open", "paths"):
         shutil.rmtree(cfg.workdir / sub, ignore_errors=True)
     paths_file = write_paths(paths, cfg.workdir / "paths" / "unique.txt")
     rng = np.random.default_rng(cfg.seed)
@@ -300,31 +211,64 @@ def main(argv: list[str] | None = None) -> int:
                     "agent_start_method": cfg.start_method, "open_repeats": cfg.open_repeats,
                     "image_generation_s": gen_s}
     env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.run", *sys.argv[1:]])
-    results: dict[str, Any] = {}
+    if previous:
+        report = previous
+        report["env"].setdefault("runs", []).append(
+            {"date": env["date"], "command": env["command"], "resumed": True})
+        log(f"resuming {files.json}: {', '.join(report['methods']) or 'nothing'} measured")
+    else:
+        env["runs"] = [{"date": env["date"], "command": env["command"], "resumed": False}]
+        report = {"env": env, "config": _config_dict(cfg), "methods": {}, "open_vs_n": {},
+                  "targets": {}}
+    try:
+        _measure(cfg, report, files, started, paths, paths_file)
+    except KeyboardInterrupt:
+        log(f"interrupted: {files.json} holds the methods measured so far "
+            f"({', '.join(report['methods']) or 'none'}); --resume goes on from there")
+        return 130
+    _save(report, files, started)
+    text = _report.markdown(report)
+    _plots.plots(report, files.directory, prefix=files.plot_prefix)
+    print(text)
+    failed = [f"{m} ({k})" for m, r in report["methods"].items()
+              for k, rr in r.get("rounds", {}).items() if rr.get("status") != "ok"]
+    if failed:
+        log(f"rounds that failed or were skipped (recorded as results): {', '.join(failed)}")
+    log(f"done in {time.time() - started:.0f} s; results in {files.json}")
+    return 0
+
+
+def _measure(cfg: Config, report: dict[str, Any], files: ResultsFile, started: float,
+             paths: list[str], paths_file: str) -> None:
+    """Measure every method not yet in ``report``; save the report after each."""
     for name in cfg.methods:
-        results[name] = bench_method(name, cfg, paths, paths_file)
-    for name, same in check_vectors(cfg, cfg.methods).items():
-        results[name]["vectors_equal_no_cache"] = same
-    open_vs_n: dict[str, Any] = {}
-    for name in cfg.methods:
+        if name in report["methods"]:
+            log(f"{name}: already measured in {files.json}, skipped (--resume)")
+            continue
+        method_t0 = time.time()
+        rec = bench_method(name, cfg, paths, paths_file)
+        rec["vectors_equal_no_cache"] = check_vectors(cfg, name)
+        rec.setdefault("open_s", None)
         if methods.get(name).synthetic:
             log(f"{name}: open/load time vs N {cfg.open_sizes}")
-            open_vs_n[name] = bench_open_vs_n(name, cfg)
-    for name in cfg.methods:
-        results[name].setdefault("open_s", None)
-    env["wall_s"] = time.time() - started
-    report = {"env": env, "methods": results, "open_vs_n": open_vs_n,
-              "targets": _report.targets(results, open_vs_n, cfg.open_sizes),
-              "config": {k: str(v) if isinstance(v, Path) else v
-                         for k, v in asdict(cfg).items() if k != "verify_rows"}}
-    cfg.results.mkdir(parents=True, exist_ok=True)
-    (cfg.results / "latest.json").write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
-    text = _report.markdown(report)
-    (cfg.results / "latest.md").write_text(text)
-    _report.plots(report, cfg.results)
-    print(text)
-    log(f"done in {env['wall_s']:.0f} s; results in {cfg.results}")
-    return 0
+            report["open_vs_n"][name] = bench_open_vs_n(name, cfg)
+            report["open_vs_n"] = _order(report["open_vs_n"], cfg.methods)
+        rec["measured"] = {"date": _report.now(), "wall_s": round(time.time() - method_t0, 1)}
+        report["methods"][name] = rec
+        report["methods"] = _order(report["methods"], cfg.methods)
+        _save(report, files, started)
+
+
+def _save(report: dict[str, Any], files: ResultsFile, started: float) -> None:
+    """Rewrite the results file and its table with what is measured so far."""
+    env = report["env"]
+    runs = env.setdefault("runs", [{}])
+    runs[-1]["wall_s"] = round(time.time() - started, 1)
+    env["wall_s"] = sum(r.get("wall_s", 0.0) for r in runs)
+    report["config"]["methods"] = list(report["methods"])
+    report["targets"] = _report.targets(report["methods"], report["open_vs_n"],
+                                        report["config"]["open_sizes"])
+    files.save(report, _report.markdown(report))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,10 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
         assert rec["dataloader_items"] == report["env"]["sizes"]["unique_paths"], name
         assert sorted(rec["memory"], key=int) == ["1", "2", "4"], name
         assert len(rec["memory"]["4"]["agents_uss_bytes"]) == 4, name
+        assert list(rec["rounds"]) == ["first", "1", "2", "4"], name
+        assert {r["status"] for r in rec["rounds"].values()} == {"ok"}, (name, rec["rounds"])
+        assert rec["rounds"]["4"]["oom_score_adj"] == [1000] * 5, name  # 4 agents + baseline
+        assert "need_bytes" in rec["rounds"]["4"]["guard"], name
     for name in CACHES:
         rec = report["methods"][name]
         assert rec["first_agent_hit"] is False, f"{name}: the first agent found a cache"
@@ -86,6 +90,7 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
     assert {t["status"] for t in report["targets"].values()} <= {"PASS", "MISS", "n/a"}
     table = (results / "latest.md").read_text()
     assert table.strip() in stdout
+    assert "## Failures" not in table
     for name in METHODS:
         assert f"| {name} |" in table
     assert "weights_only=False" in table

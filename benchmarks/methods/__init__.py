@@ -27,10 +27,22 @@ METHODS: dict[str, str] = {
 
 
 def get(name: str) -> Method:
-    """The method called ``name`` (a key of :data:`METHODS`)."""
+    """The method called ``name``: a key of :data:`METHODS`, or ``"package.module:NAME"``
+    for a :class:`Method` instance defined elsewhere (the test suite's methods that fail
+    on purpose live in ``tests/``, not in this registry)."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise KeyError(f"method {name!r}: {exc}") from None
+        if not isinstance(found, Method):
+            raise KeyError(f"method {name!r} is a {type(found).__name__}, not a Method")
+        return found
     try:
         module = METHODS[name]
     except KeyError:
-        raise KeyError(f"unknown method {name!r}; choose from {', '.join(METHODS)}") from None
+        raise KeyError(f"unknown method {name!r}; choose from {', '.join(METHODS)} "
+                       "(or give package.module:NAME)") from None
     method: Method = importlib.import_module(f"{__name__}.{module}").METHOD
     return method

@@ -8,8 +8,9 @@ run at once; a lane starts its next trial as soon as its last one ends.
 
 While trials run, the node's memory is sampled (:class:`benchmarks._node_memory.NodeMemory`
 over the trial processes, their children and the method's helper processes). A trial that
-dies is a result: :func:`benchmarks._failure.classify` says how it ended, its process
-group is cleaned up, and the lane goes on.
+dies is a result: :func:`trial_outcome` says how it ended (with
+:mod:`benchmarks._failures`, as the main benchmark does), its process group is cleaned
+up, and the lane goes on.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from benchmarks._decode_meter import read_log
-from benchmarks._failure import classify, oom_kill_count, oom_victims
+from benchmarks._failures import KernelLog, classify, failure_text, oom_kill_count, signal_name
 from benchmarks._node_memory import NodeMemory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +91,46 @@ def _tail(path: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _finish(run: _Running, rc: int, t0: float, known_victims: set[int]) -> dict[str, Any]:
+def trial_outcome(
+    rc: int | None, *, pids: set[int], kills: dict[int, dict[str, Any]], kernel_readable: bool,
+    oom_count_rose: int | None, last_memory: int | None, error: str | None,
+    timeout_s: float | None,
+) -> dict[str, Any]:
+    """How a trial ended, as a record (see :mod:`benchmarks._failures`).
+
+    A trial is a tree of processes: the OOM killer may take one of its children (a
+    build or ``map`` worker), after which the trial itself usually raises. A kill of any
+    process of the tree that the kernel logged makes the trial "killed: out of memory",
+    at the victim's anonymous memory as the kernel reported it; without a readable
+    kernel log, a SIGKILL while the kernel's OOM kill count rose does, at the trial's
+    last sampled memory (PSS of its tree).
+    """
+    if rc == 0 and error is None and timeout_s is None:
+        return {"status": "ok", "cause": None, "text": "ok", "exitcode": 0}
+    victims = sorted(pids & kills.keys())
+    status, cause = classify(rc, error=error, timeout_s=timeout_s, oom_logged=bool(victims),
+                             oom_count_rose=None if kernel_readable or oom_count_rose is None
+                             else oom_count_rose > 0)
+    if victims and timeout_s is None:  # a child killed for memory, the trial failing after it
+        status, cause = "killed", "out of memory"
+    memory = kills[victims[0]]["anon_rss"] if victims else last_memory
+    record: dict[str, Any] = {
+        "status": status, "cause": cause,
+        "text": failure_text(status, cause, memory if status != "error" else None),
+        "exitcode": rc, "signal": signal_name(-rc) if rc is not None and rc < 0 else None,
+        "memory_bytes": memory, "last_memory_bytes": last_memory,
+        "oom_victim": victims[0] if victims else None,
+        "kernel_log": kills[victims[0]]["line"] if victims else
+        ("read" if kernel_readable else "not readable"),
+        "oom_count_rose": oom_count_rose,
+    }
+    if error:
+        record["error"] = error
+    return record
+
+
+def _finish(run: _Running, rc: int, t0: float, kernel: KernelLog,
+            timeout_s: float) -> dict[str, Any]:
     t_exit = time.time()
     run.log.close()
     _kill_group(run.proc.pid)  # what the trial left behind (pool workers of a killed trial)
@@ -99,25 +139,30 @@ def _finish(run: _Running, rc: int, t0: float, known_victims: set[int]) -> dict[
         result: dict[str, Any] = json.loads(Path(spec["result"]).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         result = {}
-    error = result.get("error")
-    if rc == 0 and "t_end" not in result:
-        error = error or "the trial wrote no result"
-    victims = None
+    error = result.get("traceback") or result.get("error")
+    if rc == 0 and error is None and "t_end" not in result:
+        error = "the trial wrote no result"
+    kills: dict[int, dict[str, Any]] = {}
     if rc != 0:
-        victims = {p: b for p, b in oom_victims().items() if p not in known_victims}
-    outcome = classify(rc, timed_out=run.timed_out, pids=run.pids, oom_kills_before=run.oom_before,
-                       oom_kills_after=oom_kill_count(), victims=victims,
-                       last_memory_bytes=run.last_memory, elapsed_s=t_exit - run.t_spawn,
-                       error=error)
+        kills = kernel.oom_kills()
+        if rc == -signal.SIGKILL and kernel.readable and not run.pids & kills.keys():
+            time.sleep(0.2)  # the kernel logs a kill as it sends it
+            kills = kernel.oom_kills()
+    after = oom_kill_count()
+    rose = None if after is None or run.oom_before is None else after - run.oom_before
+    failure = trial_outcome(rc, pids=run.pids, kills=kills, kernel_readable=kernel.readable,
+                            oom_count_rose=rose, last_memory=run.last_memory, error=error,
+                            timeout_s=timeout_s if run.timed_out else None)
+    failure["elapsed_s"] = t_exit - run.t_spawn
     decode = read_log(spec["decode_log"])
     rec: dict[str, Any] = {
         "number": run.job.number, "lane": run.lane, "params": run.job.params, "pid": run.proc.pid,
-        "status": outcome.status, "outcome": outcome.text, "failure": outcome.to_dict(),
+        "status": failure["status"], "outcome": failure["text"], "failure": failure,
         "total_s": t_exit - run.t_spawn,
         "decode_calls": decode["calls"], "decode_cpu_s": decode["cpu_s"],
         "decode_pids": decode["pids"], "log": spec["log"],
     }
-    if not outcome.ok:
+    if failure["status"] != "ok":
         rec["log_tail"] = _tail(spec["log"])
     # timestamps, in seconds since the sweep started
     rec["at_spawn"], rec["at_exit"] = run.t_spawn - t0, t_exit - t0
@@ -169,7 +214,7 @@ def run_lanes(
     """
     trial_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ if env is None else env)
-    known_victims = set(oom_victims())
+    kernel = KernelLog()  # the kernel's log from now on, read for OOM kills
     running: dict[int, _Running] = {}
     records: list[dict[str, Any]] = []
     samples: list[list[float]] = []
@@ -215,7 +260,7 @@ def run_lanes(
                 rc = r.proc.wait()
             if rc is None:
                 continue
-            rec = _finish(r, rc, t0, known_victims)
+            rec = _finish(r, rc, t0, kernel, timeout_s)
             records.append(rec)
             del running[lane]
             if r.job.tell is not None:
@@ -225,6 +270,7 @@ def run_lanes(
                 f"{rec.get('data_s', float('nan')):.2f} s, training "
                 f"{rec.get('train_s', float('nan')):.2f} s, rmse {rec.get('val_rmse')}{extra}")
         time.sleep(POLL_S)
+    kernel.close()
     wall = max((r["at_exit"] for r in records), default=0.0)
     return {"wall_s": wall, "trials": sorted(records, key=lambda r: r["number"]),
             "samples": samples, "peak": peak, "sampler_cpu_s": sampler_cpu}

@@ -37,7 +37,7 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from benchmarks._failure import volunteer_for_oom_killer  # noqa: E402
+from benchmarks._memory import set_oom_score_adj  # noqa: E402
 
 #: environment variable that carries the Manager's authentication key (never on disk)
 AUTHKEY_ENV = "SWEEP_MANAGER_AUTHKEY"
@@ -309,7 +309,7 @@ def _write(path: str, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    volunteer_for_oom_killer()
+    set_oom_score_adj(1000)  # the kernel takes a trial first, never the driver
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     result: dict[str, Any] = {"pid": os.getpid(), "t_main": T_MAIN, "method": spec["method"],
                               "number": spec["number"], "params": spec["params"]}

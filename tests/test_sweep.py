@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from benchmarks._decode_meter import DecodeMeter, read_log
-from benchmarks._failure import _VICTIM, classify, gigabytes
+from benchmarks._failures import parse_oom_kill
 from benchmarks._node_memory import NodeMemory, resident_bytes
+from benchmarks._sweep_agents import trial_outcome
 from tests._sweep_procs import map_and_hold
 
 for _module in ("torch", "pandas", "datasets", "optuna", "psutil", "matplotlib"):
@@ -91,9 +92,9 @@ def test_every_trial_is_a_fresh_process_of_a_real_optuna_study(sweep) -> None:
 def test_a_killed_trial_is_a_result_and_the_sweep_goes_on(sweep) -> None:
     _work, report, stdout = sweep
     killed = _trials(report)["no_cache"][1]
-    assert killed["status"] == "killed" and killed["outcome"] == "killed: SIGKILL"
-    assert killed["failure"]["signal"] == "SIGKILL" and killed["failure"]["exit_code"] == -9
-    assert "trial 1: killed: SIGKILL" in stdout
+    assert killed["status"] == "killed" and killed["outcome"].startswith("killed by SIGKILL at ")
+    assert killed["failure"]["signal"] == "SIGKILL" and killed["failure"]["exitcode"] == -9
+    assert "trial 1: killed by SIGKILL" in stdout
     for name, ts in _trials(report).items():
         expected = ["ok", "killed"] if name == "no_cache" else ["ok", "ok"]
         assert [t["status"] for t in ts] == expected, (name, [t.get("log_tail") for t in ts])
@@ -172,37 +173,48 @@ def test_report_table_targets_and_plot(sweep) -> None:
 
 
 @pytest.mark.parametrize("how", ["kill", "exit"])
-def test_classify_real_exits(how: str) -> None:
+def test_trial_outcome_of_real_exits(how: str) -> None:
     code = ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)" if how == "kill"
             else "raise SystemExit(3)")
-    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
-    out = classify(proc.returncode, pids={12345678}, oom_kills_before=0, oom_kills_after=0,
-                   victims={}, elapsed_s=1.0, error=None if how == "kill" else "SystemExit: 3")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        proc.wait(60)
+    finally:
+        proc.kill()
+    out = trial_outcome(proc.returncode, pids={proc.pid}, kills={}, kernel_readable=True,
+                        oom_count_rose=0, last_memory=10**8, error=None, timeout_s=None)
     if how == "kill":
-        assert (out.status, out.text, out.signal) == ("killed", "killed: SIGKILL", "SIGKILL")
+        assert (out["status"], out["text"], out["signal"]) == (
+            "killed", "killed by SIGKILL at 0.1 GB", "SIGKILL")
     else:
-        assert (out.status, out.exit_code) == ("error", 3)
-        assert out.text == "raised: SystemExit: 3"
+        assert (out["status"], out["exitcode"]) == ("error", 3)
+        assert out["text"] == "error: exited with status 3"
+    ok = trial_outcome(0, pids={1}, kills={}, kernel_readable=True, oom_count_rose=0,
+                       last_memory=None, error=None, timeout_s=None)
+    assert ok["status"] == "ok"
 
 
-def test_classify_out_of_memory_and_timeout() -> None:
-    line = ("[ 9321.123] Out of memory: Killed process 4242 (python) total-vm:9800000kB, "
-            "anon-rss:8054688kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:16400kB "
-            "oom_score_adj:1000")
-    victims = {int(m[1]): int(m[3]) * 1024 for m in _VICTIM.finditer(line)}
-    assert victims == {4242: 8054688 * 1024}
-    out = classify(-9, pids={4242}, victims=victims, oom_kills_before=3, oom_kills_after=4)
-    assert out.status == "oom" and out.text == "killed: out of memory at 8.2 GB"
-    # a child of the trial killed for memory makes the trial fail: still out of memory
-    out = classify(1, pids={10, 4242}, victims=victims, error="BrokenProcessPool: ...")
-    assert out.status == "oom" and out.oom_victim == 4242
-    # the counter moved and the process died of SIGKILL, with no readable kernel log
-    out = classify(-9, pids={7}, victims={}, oom_kills_before=3, oom_kills_after=4,
-                   last_memory_bytes=3 * 10**9)
-    assert out.text == "killed: out of memory at 3.0 GB"
-    out = classify(-9, timed_out=True, elapsed_s=61.2)
-    assert out.status == "timeout" and out.text == "timed out after 61 s"
-    assert gigabytes(5 * 10**8) == "500 MB"
+def test_trial_outcome_out_of_memory_in_the_trial_or_its_children() -> None:
+    kill = parse_oom_kill("Out of memory: Killed process 4242 (python) total-vm:9800000kB, "
+                          "anon-rss:8054688kB, file-rss:0kB, shmem-rss:0kB, UID:0 "
+                          "oom_score_adj:1000")
+    assert kill is not None
+    kills = {4242: kill}
+    out = trial_outcome(-9, pids={4242}, kills=kills, kernel_readable=True, oom_count_rose=1,
+                        last_memory=10**9, error=None, timeout_s=None)
+    assert out["text"] == "killed: out of memory at 8.2 GB" and out["oom_victim"] == 4242
+    # a build worker of the trial was killed for memory; the trial then raised
+    out = trial_outcome(1, pids={10, 4242}, kills=kills, kernel_readable=True, oom_count_rose=1,
+                        last_memory=10**9, error="Traceback ...\nBrokenProcessPool: gone",
+                        timeout_s=None)
+    assert out["status"] == "killed" and out["text"] == "killed: out of memory at 8.2 GB"
+    # no readable kernel log: SIGKILL while the kernel's OOM count rose, at the last sample
+    out = trial_outcome(-9, pids={7}, kills={}, kernel_readable=False, oom_count_rose=1,
+                        last_memory=3 * 10**9, error=None, timeout_s=None)
+    assert out["text"] == "killed: out of memory at 3.0 GB"
+    out = trial_outcome(-9, pids={7}, kills={}, kernel_readable=True, oom_count_rose=0,
+                        last_memory=None, error=None, timeout_s=60.0)
+    assert out["status"] == "timeout"
 
 
 def test_resident_bytes_follows_the_page_cache(tmp_path: Path) -> None:

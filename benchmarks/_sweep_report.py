@@ -339,13 +339,14 @@ def plot_timeline(report: dict[str, Any], path: Path, run: int = 0) -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#fcbba1", hatch="//",
                                  edgecolor="#a50f15"))
-    fig.legend(handles, [*colours, "failed"], loc="upper right", ncol=5, fontsize=8)
+    fig.legend(handles, [*colours, "failed"], loc="upper left", bbox_to_anchor=(0.0, 0.975),
+               ncol=5, fontsize=8, frameon=False)
     sizes = report["env"]["sizes"]
     fig.suptitle(f"{report['config']['trials']} trials per method, {agents} agents, "
                  f"{sizes['covers']:,} covers: where each trial's time goes (run {run + 1})",
-                 fontsize=10, x=0.01, ha="left")
+                 fontsize=10, x=0.01, y=0.998, ha="left")
     axes[-1, 0].set_xlabel("seconds since the sweep started")
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -20,6 +20,8 @@ import time
 from collections import deque
 from typing import Any, NoReturn
 
+import psutil
+
 from benchmarks._agent import agent_main
 from benchmarks._failures import Watch
 from benchmarks._memory import memory_of
@@ -228,13 +230,22 @@ def run_round(
             agents: list[dict[str, int]] = []
             memory = {"agents": agents, "baseline": None, "servers": []}
             for i in holding:
-                mem = memory_of(rnd.procs[i].pid)
+                try:
+                    mem = memory_of(rnd.procs[i].pid)
+                except psutil.NoSuchProcess:  # died (or is a zombie) since it said ready
+                    rnd.fail(i, "ready")
                 rnd.watch.note(rnd.procs[i].pid, mem)
                 if "baseline" in jobs[i]["tasks"]:
                     memory["baseline"] = mem
                 else:
                     agents.append(mem)
-            memory["servers"] = [memory_of(pid) for pid in server_pids or []]
+            try:
+                memory["servers"] = [memory_of(pid) for pid in server_pids or []]
+            except psutil.NoSuchProcess as exc:
+                cause = f"server process {exc.pid} (a manager) is gone"
+                raise AgentError(cause, {"status": "error", "cause": cause, "role": "server",
+                                         "text": f"error: {cause}", "waiting_for": "ready",
+                                         "pid": exc.pid}) from None
             for i in holding:
                 rnd.send(i, "go", "results")
         results = []

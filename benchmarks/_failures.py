@@ -218,8 +218,8 @@ class Watch:
             at = round(now - self.t0, 3)
             # USS/PSS of the last private sample are kept (with their time) in between
             old = self.last.get(pid, {})
-            kept = {k: old[k] for k in ("uss", "pss", "private_at_s") if k in old}
-            self.last[pid] = dict(kept, **mem, at_s=at)
+            kept: dict[str, Any] = {k: old[k] for k in ("uss", "pss", "private_at_s") if k in old}
+            self.last[pid] = {**kept, **mem, "at_s": at}
             if private and "uss" in mem:
                 self.last[pid]["private_at_s"] = at
             peak = self.peak.setdefault(pid, {})

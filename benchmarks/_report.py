@@ -267,6 +267,22 @@ def failures(results: dict[str, Any], open_vs_n: dict[str, Any]) -> list[str]:
     return out
 
 
+def _commands(env: dict[str, Any], results: dict[str, Any]) -> str:
+    """``Command: `...` `` or, for a resumed run, each command and what it measured."""
+    runs = env.get("runs") or []
+    if len(runs) < 2:
+        return f"Command: `{env.get('command', 'python -m benchmarks.run')}`"
+    parts = []
+    for i, run in enumerate(runs):
+        until = runs[i + 1]["date"] if i + 1 < len(runs) else None
+        measured = [m for m, r in results.items()
+                    if run["date"] <= r.get("measured", {}).get("date", "")
+                    and (until is None or r["measured"]["date"] < until)]
+        parts.append(f"`{run['command']}` ({run.get('wall_s', 0):.0f} s: "
+                     f"{', '.join(measured) or 'nothing'})")
+    return "Commands, one configuration resumed: " + "; then ".join(parts)
+
+
 def markdown(report: dict[str, Any]) -> str:
     env, results = report["env"], report["methods"]
     sizes = env["sizes"]
@@ -279,7 +295,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{env['cpu']}, {env['cores']} cores, {env['ram_bytes'] / 2**30:.0f} GiB RAM, "
         f"Python {env['python']}, numpy {v.get('numpy')}, torch {v.get('torch')}, "
         f"zarr {v.get('zarr')}, datasets {v.get('datasets')}; {env['date']}. "
-        f"Command: `{env.get('command', 'python -m benchmarks.run')}` "
+        f"{_commands(env, results)} "
         f"({env.get('wall_s', 0):.0f} s, load average at start "
         f"{', '.join(f'{x:.1f}' for x in env.get('loadavg_at_start') or [])}).",
         "",
@@ -358,10 +374,5 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"- disk: {disk['free_bytes'] / 1e9:.1f} GB were free under {disk['path']} "
                      f"at the start, short of the about {disk['need_bytes'] / 1e9:.1f} GB "
                      "this run may write.")
-    runs = env.get("runs") or []
-    if len(runs) > 1:
-        lines.append("- resumed: measured in " + str(len(runs)) + " runs of the same "
-                     "configuration (" + "; ".join(f"{r.get('date')}, {r.get('wall_s', 0):.0f} s"
-                                                  for r in runs) + ").")
     lines.append("")
     return "\n".join(lines)

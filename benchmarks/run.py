@@ -220,13 +220,19 @@ def main(argv: list[str] | None = None) -> int:
         env["runs"] = [{"date": env["date"], "command": env["command"], "resumed": False}]
         report = {"env": env, "config": _config_dict(cfg), "methods": {}, "open_vs_n": {},
                   "targets": {}}
+    count = len(report["methods"])
     try:
         _measure(cfg, report, files, started, paths, paths_file)
     except KeyboardInterrupt:
         log(f"interrupted: {files.json} holds the methods measured so far "
             f"({', '.join(report['methods']) or 'none'}); --resume goes on from there")
         return 130
-    _save(report, files, started)
+    if previous and len(report["methods"]) == count:
+        report["env"]["runs"].pop()  # nothing measured: the tables and plots are redrawn
+        log(f"{files.json}: every method is measured; tables and plots redrawn")
+        _save(report, files, None)
+    else:
+        _save(report, files, started)
     text = _report.markdown(report)
     _plots.plots(report, files.directory, prefix=files.plot_prefix)
     print(text)
@@ -259,11 +265,13 @@ def _measure(cfg: Config, report: dict[str, Any], files: ResultsFile, started: f
         _save(report, files, started)
 
 
-def _save(report: dict[str, Any], files: ResultsFile, started: float) -> None:
-    """Rewrite the results file and its table with what is measured so far."""
+def _save(report: dict[str, Any], files: ResultsFile, started: float | None) -> None:
+    """Rewrite the results file and its table with what is measured so far (and this
+    run's wall time, unless ``started`` is None)."""
     env = report["env"]
     runs = env.setdefault("runs", [{}])
-    runs[-1]["wall_s"] = round(time.time() - started, 1)
+    if started is not None:
+        runs[-1]["wall_s"] = round(time.time() - started, 1)
     env["wall_s"] = sum(r.get("wall_s", 0.0) for r in runs)
     report["config"]["methods"] = list(report["methods"])
     report["targets"] = _report.targets(report["methods"], report["open_vs_n"],

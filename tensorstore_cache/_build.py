@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 import shutil
+import textwrap
 import time
 from collections.abc import Iterable
 from concurrent.futures import Executor
@@ -36,6 +37,7 @@ from ._format import (
 from ._jsonio import exchange_dirs, fsync_dir, io_step, write_bytes_durable, write_json_durable
 from ._keys import encode_key, hash_encoded, normalize_keys
 from ._loader import ImageLoader
+from ._reentry import building
 from ._shard import remove_partials, write_shard
 from ._spec import StoreSpec
 from ._store import CacheStore, open_store
@@ -86,10 +88,16 @@ def _resolve_loader(
     return loader, ident, params, getattr(loader, "item_shape", None)
 
 
-def _probe_shape(loader: Loader, keys: list[str], dtype: np.dtype[Any]) -> tuple[int, ...] | None:
-    for key in keys:
+def _probe(
+    loader: Loader, keys: list[str], dtype: np.dtype[Any]
+) -> tuple[int, npt.NDArray[Any]] | None:
+    """Return the first key the loader succeeds on, as ``(index, value)``, or None.
+
+    The value is kept and stored as it is: probing computes no item twice.
+    """
+    for i, key in enumerate(keys):
         try:
-            return tuple(load_item(loader, key, dtype, None).shape)
+            return i, load_item(loader, key, dtype, None)
         except Exception:
             continue
     return None
@@ -249,12 +257,19 @@ def build_store(
         Element type stored: ``"float32"`` (values of ``ToTensor``) or
         ``"uint8"`` (0..255, four times smaller; see :func:`to_float32`).
     loader
-        Any picklable callable ``path -> array`` of one fixed shape, used
-        instead of the image loader.
+        Any callable ``path -> array`` of one fixed shape, used instead of the
+        image loader. Each worker process receives it once, pickled with
+        cloudpickle: by reference if it can be imported by name, by value
+        otherwise (a function of ``__main__`` or of a notebook cell, a lambda,
+        a closure, a :func:`functools.partial`). Without an ``item_shape``
+        attribute, its first item is computed first, here, to learn the shape.
     loader_id
         A string naming the loader and its version, recorded in the spec.
     workers
-        Worker processes (default: every core). ``1`` builds in this process.
+        Processes that build (default: every core): this one and a pool of
+        ``workers - 1`` started from a clean interpreter, which never runs
+        ``__main__`` again. ``1`` builds in this process, as does a daemonic
+        process (a DataLoader or multiprocessing pool worker), with a notice.
     on_error
         ``"raise"`` (default): if any source fails, raise :class:`BuildError`
         listing every failure and publish nothing. ``"skip"``: build the rest
@@ -288,6 +303,11 @@ def build_store(
         If sources failed and ``on_error="raise"``.
     StoreExistsError
         If ``out`` exists and ``overwrite`` is false.
+    ReentrantBuildError
+        If called, for ``out``, by the loader of the build of ``out`` or by one
+        of that build's worker processes.
+    TypeError
+        If ``workers > 1`` and the loader cannot be pickled.
 
     Examples
     --------
@@ -308,48 +328,52 @@ def build_store(
                 executor=executor,
             )
     target = Path(os.fspath(out))
-    if (target.exists() or target.is_symlink()) and not overwrite:
-        raise StoreExistsError(
-            f"{str(target)!r} already exists; pass overwrite=True to replace it, or open it "
-            "with tensorstore_cache.open_store"
-        )
-    np_dtype = np.dtype(dtype)
-    fn, ident, params, item_shape = _resolve_loader(loader, loader_id, size, np_dtype.name)
-    keys = list(dict.fromkeys(normalize_keys(paths)))
-    n = len(keys)
-    nworkers = default_workers() if workers is None else int(workers)
-    if nworkers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers!r}")
-    if item_shape is None:
-        if not keys:
-            raise ValueError(
-                "no paths to build and the loader does not declare its item_shape; pass at "
-                "least one path or give the loader an item_shape attribute"
+    with building(target):  # a loader or worker asking for this build fails at once
+        if (target.exists() or target.is_symlink()) and not overwrite:
+            raise StoreExistsError(
+                f"{str(target)!r} already exists; pass overwrite=True to replace it, or open it "
+                "with tensorstore_cache.open_store"
             )
-        item_shape = _probe_shape(fn, keys, np_dtype) or (0,)
-    item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
-    rows_per_shard = _rows_per_shard(n, item_nbytes, nworkers)
-    spec = StoreSpec(
-        n=n,
-        item_shape=tuple(item_shape),
-        dtype=np_dtype.name,
-        loader_id=ident,
-        loader_params=params,
-        rows_per_shard=rows_per_shard,
-        created_unix=time.time(),
-    )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    collect_debris(target)
-    tmp = _tmp_sibling(target)
-    io_step("mkdir")
-    tmp.mkdir()
-    try:
-        attrs = _build_into(tmp, spec, keys, fn, nworkers, on_error, progress, executor, target)
-        _publish(tmp, target, attrs, overwrite)
-    except BaseException:
-        discard(tmp)
-        raise
-    return open_store(target)
+        np_dtype = np.dtype(dtype)
+        fn, ident, params, item_shape = _resolve_loader(loader, loader_id, size, np_dtype.name)
+        keys = list(dict.fromkeys(normalize_keys(paths)))
+        n = len(keys)
+        nworkers = default_workers() if workers is None else int(workers)
+        if nworkers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers!r}")
+        probed = None
+        if item_shape is None:
+            if not keys:
+                raise ValueError(
+                    "no paths to build and the loader does not declare its item_shape; pass at "
+                    "least one path or give the loader an item_shape attribute"
+                )
+            probed = _probe(fn, keys, np_dtype)
+            item_shape = probed[1].shape if probed is not None else (0,)
+        item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
+        rows_per_shard = _rows_per_shard(n, item_nbytes, nworkers)
+        spec = StoreSpec(
+            n=n,
+            item_shape=tuple(item_shape),
+            dtype=np_dtype.name,
+            loader_id=ident,
+            loader_params=params,
+            rows_per_shard=rows_per_shard,
+            created_unix=time.time(),
+        )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        collect_debris(target)
+        tmp = _tmp_sibling(target)
+        io_step("mkdir")
+        tmp.mkdir()
+        try:
+            attrs = _build_into(tmp, spec, keys, fn, nworkers, on_error, progress, executor,
+                                target, probed)
+            _publish(tmp, target, attrs, overwrite)
+        except BaseException:
+            discard(tmp)
+            raise
+        return open_store(target)
 
 
 def _build_into(
@@ -362,8 +386,12 @@ def _build_into(
     progress: bool,
     executor: Executor | None,
     target: Path,
+    probed: tuple[int, npt.NDArray[Any]] | None = None,
 ) -> dict[str, Any]:
-    """Write shards, index and array metadata into ``tmp``; return the group attributes."""
+    """Write shards, index and array metadata into ``tmp``; return the group attributes.
+
+    ``probed`` is ``(row, value)`` of an item computed already (to learn the item shape).
+    """
     n, s = spec.n, spec.rows_per_shard
     if n and spec.item_shape == (0,):
         every = [(k, "the loader failed on every source") for k in keys]
@@ -375,27 +403,31 @@ def _build_into(
                   spec.item_shape, s, on_error == "skip")
         for k in range(math.ceil(n / s))
     ]
+    if probed is not None:
+        row, value = probed
+        tasks[row // s].computed[row % s] = value
     results = run_tasks(tasks, nworkers, progress, executor, target, n)
     remove_partials(tmp / VECTORS)  # left by attempts killed mid-write, then retried
-    failures: list[tuple[int, str]] = []
+    failures: list[tuple[int, str, str]] = []
     sizes = np.empty(n, dtype=np.int64)
     mtimes = np.empty(n, dtype=np.int64)
     for k, task in enumerate(tasks):
         res = results[task.rel]
         base = k * s
-        failures.extend((base + i, reason) for i, reason in res.failures)
+        failures.extend((base + i, reason, frames) for i, reason, frames in res.failures)
         sizes[base : base + len(task.keys)] = res.source_size
         mtimes[base : base + len(task.keys)] = res.source_mtime_ns
     failures.sort()
     if failures and on_error == "raise":
-        named = [(keys[i], reason) for i, reason in failures]
-        raise BuildError(_failure_message(named, n, target), named)
+        named = [(keys[i], reason) for i, reason, _frames in failures]
+        frames = [f for _i, _reason, f in failures]
+        raise BuildError(_failure_message(named, n, target, frames), named)
     if failures:
         keep = np.ones(n, dtype=bool)
-        keep[[i for i, _ in failures]] = False
+        keep[[i for i, _r, _f in failures]] = False
         old_rows = [len(t.keys) for t in tasks]
         spec, files = _drop_failed_rows(tmp, spec, old_rows, keep)
-        skipped = tuple((keys[i], reason) for i, reason in failures)
+        skipped = tuple((keys[i], reason) for i, reason, _frames in failures)
         spec = dataclasses.replace(spec, skipped=skipped)
         keys = [k for k, ok in zip(keys, keep.tolist(), strict=True) if ok]
         sizes, mtimes = sizes[keep], mtimes[keep]
@@ -404,8 +436,21 @@ def _build_into(
     return finish_store(tmp, spec, files, keys, sizes, mtimes)
 
 
-def _failure_message(failures: list[tuple[str, str]], n: int, target: Path) -> str:
-    shown = "\n".join(f"  {p}: {r}" for p, r in failures[:10])
+def _failure_message(
+    failures: list[tuple[str, str]], n: int, target: Path, frames: list[str] | None = None
+) -> str:
+    """Say which sources failed and why, with the loader's last frames of each failure."""
+    lines = []
+    before = ""
+    for k, (p, r) in enumerate(failures[:10]):
+        lines.append(f"  {p}: {r}")
+        where = frames[k] if frames is not None else ""
+        if where and where == before:
+            lines.append("      (raised at the same place as above)")
+        elif where:
+            lines.append(textwrap.indent(where, "    "))
+        before = where
+    shown = "\n".join(lines)
     more = f"\n  ... and {len(failures) - 10} more (see .failures)" if len(failures) > 10 else ""
     return (
         f"{len(failures)} of {n} sources could not be loaded, so {str(target)!r} was not "

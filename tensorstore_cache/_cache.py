@@ -34,6 +34,7 @@ from ._namespace import (
     namespace_name,
     open_parts,
 )
+from ._reentry import building
 from ._stale import CHECKS, hash_many, stale_mask, write_hashes
 from ._store import CacheStore
 
@@ -50,8 +51,8 @@ _BUILD_MARK = ".tsc-build-"
 class PartLoader:
     """A namespace's loader with the item shape and parameters the namespace records.
 
-    Declaring ``item_shape`` spares the builder a probing call of the loader,
-    so every item is computed exactly once.
+    Declaring ``item_shape`` (the namespace's, once known) spares the
+    builder from learning it from a first item.
     """
 
     fn: Loader
@@ -172,16 +173,17 @@ def cached(
         Output ``(height, width)`` and element type of the built-in image
         loader (``dtype`` is also the stored type of a custom loader's output).
     loader
-        A picklable callable ``path -> array`` of one fixed shape, instead of
-        the image loader. Declaring an ``item_shape`` attribute spares one
-        probing call; a ``params`` dict attribute becomes part of the
-        fingerprint.
+        A callable ``path -> array`` of one fixed shape, instead of the image
+        loader: a function, lambda, closure, ``functools.partial`` or
+        callable object, defined anywhere (a script's ``__main__``, a notebook
+        cell); see :func:`build_store`. A ``params`` dict attribute becomes
+        part of the fingerprint.
     loader_id
         Required with a custom ``loader`` (unless it has a ``loader_id``
         attribute): a name for what it computes, changed whenever its output
         changes, e.g. ``"myproject.thumbnails/2"``.
     workers
-        Worker processes for a build (default: every core).
+        Processes for a build (default: every core); see :func:`build_store`.
     executor
         A :class:`concurrent.futures.Executor` that runs the build's shard
         tasks instead of a local process pool (e.g. a Dask client's
@@ -220,6 +222,10 @@ def cached(
         If entries are stale and ``on_stale="raise"``.
     ValueError
         If a custom loader has no ``loader_id``, or an option is invalid.
+    ReentrantBuildError
+        If called, for this cache, by the loader of its build or by one of
+        that build's worker processes (instead of waiting for ever for the
+        build's own lock).
 
     Examples
     --------
@@ -285,41 +291,44 @@ def _get_or_build(ns: Namespace, keys: list[str], b: _Build) -> CacheStore:
         raise StaleSourceError(stale)
     todo = missing + stale
 
-    lock = ns.lock()
-    lock.acquire(timeout=b.lock_timeout, on_wait=_reporter(ns, b.progress))  # False: no locks here
-    try:
-        # Re-check under the lock: the previous holder may have built what we need.
-        base = ns.current()
-        view = _open(ns, base, pin=False)
+    # A worker of this namespace's own build (or its loader) fails here instead of waiting
+    # for the lock its builder holds.
+    with building(ns.root):
+        lock = ns.lock()
+        lock.acquire(timeout=b.lock_timeout, on_wait=_reporter(ns, b.progress))  # False: no locks
         try:
-            missing, stale = _plan(view, todo, check, on_stale)
-            if stale and on_stale == "raise":
-                raise StaleSourceError(stale)
-            todo = missing + stale
-            if view is not None:
-                held = view.spec.item_shape
-                if item_shape is not None and tuple(item_shape) != held:
-                    raise ValueError(
-                        f"the loader declares items of shape {tuple(item_shape)}, but the cache "
-                        f"{str(ns.root)!r} holds items of shape {held} made by {b.ident!r}; "
-                        "if the loader's output changed, give it a new loader_id"
-                    )
-                item_shape = held
+            # Re-check under the lock: the previous holder may have built what we need.
+            base = ns.current()
+            view = _open(ns, base, pin=False)
+            try:
+                missing, stale = _plan(view, todo, check, on_stale)
+                if stale and on_stale == "raise":
+                    raise StaleSourceError(stale)
+                todo = missing + stale
+                if view is not None:
+                    held = view.spec.item_shape
+                    if item_shape is not None and tuple(item_shape) != held:
+                        raise ValueError(
+                            f"the loader declares items of shape {tuple(item_shape)}, but the cache "
+                            f"{str(ns.root)!r} holds items of shape {held} made by {b.ident!r}; "
+                            "if the loader's output changed, give it a new loader_id"
+                        )
+                    item_shape = held
+            finally:
+                if view is not None:
+                    view.close()
+            if todo:
+                _sweep_debris(ns)
+                if stale:
+                    logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
+                part = _build_part(ns, todo, b.fn, b.ident, b.params, item_shape, b.dtype, b.workers,
+                                   b.on_error, b.progress, check, b.executor)
+                if part is not None:
+                    manifest = _publish_part(ns, part, todo)
+                    if manifest is not None:
+                        _maybe_compact(ns, manifest)
         finally:
-            if view is not None:
-                view.close()
-        if todo:
-            _sweep_debris(ns)
-            if stale:
-                logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
-            part = _build_part(ns, todo, b.fn, b.ident, b.params, item_shape, b.dtype, b.workers,
-                               b.on_error, b.progress, check, b.executor)
-            if part is not None:
-                manifest = _publish_part(ns, part, todo)
-                if manifest is not None:
-                    _maybe_compact(ns, manifest)
-    finally:
-        lock.release()
+            lock.release()
     final = _open(ns, ns.current(), pin=True)
     return final if final is not None else _empty(ns, item_shape)
 

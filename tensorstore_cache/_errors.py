@@ -7,6 +7,7 @@ exception a caller would already catch for the same situation::
     ├── BuildError (RuntimeError)            some sources could not be turned into vectors
     ├── CorruptStoreError (ValueError)       files on disk do not match what the store promises
     ├── KeyNotInStoreError (KeyError)        a looked-up path is not in the store
+    ├── ReentrantBuildError (RuntimeError)   a build's own loader or worker asks for that build
     ├── StaleSourceError (ValueError)        cached entries whose source changed since
     ├── StoreExistsError (FileExistsError)   the build target already exists
     ├── StoreLockedError (TimeoutError)      waiting for another builder's lock timed out
@@ -25,6 +26,7 @@ __all__ = [
     "BuildError",
     "CorruptStoreError",
     "KeyNotInStoreError",
+    "ReentrantBuildError",
     "StaleSourceError",
     "StoreExistsError",
     "StoreLockedError",
@@ -108,6 +110,29 @@ class KeyNotInStoreError(TensorStoreCacheError, KeyError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.missing,))
+
+
+class ReentrantBuildError(TensorStoreCacheError, RuntimeError):
+    """A build was asked for from inside itself: by its loader, or one of its worker processes.
+
+    The process building a cache holds the cache's build lock until its
+    workers finish; a worker (or the building process's own loader) that
+    asked to build the same cache would wait for that lock forever. It fails
+    at once with this error instead, naming the cache and the process that
+    builds it.
+
+    Attributes
+    ----------
+    path : str
+        The cache namespace or store directory that is being built.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.path))
 
 
 class StaleSourceError(TensorStoreCacheError, ValueError):

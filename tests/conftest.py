@@ -30,3 +30,13 @@ def write_images(root: Path, n: int, *, seed: int = 0, gray_every: int = 0) -> l
 def images(tmp_path: Path) -> list[str]:
     """Sixty small JPEGs, every tenth grayscale."""
     return write_images(tmp_path / "images", 60, gray_every=10)
+
+
+@pytest.fixture(scope="session")
+def client_images(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """150 small covers shared by the tests that use the library as its users do.
+
+    With ``workers=2`` a build of them has three shards of 64 rows: the pool's
+    worker always builds some, the building process the others.
+    """
+    return write_images(tmp_path_factory.mktemp("client-images"), 150, seed=9)

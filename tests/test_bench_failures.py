@@ -185,6 +185,10 @@ def test_an_interrupted_run_keeps_its_figures_and_resume_goes_on(tmp_path: Path)
     assert report["methods"]["raw_memmap"]["vectors_equal_no_cache"] is True
     assert [r["resumed"] for r in report["env"]["runs"]] == [False, True]
 
+    redrawn = _bench(*common, "--resume", "--methods", "no_cache,raw_memmap", timeout=120)
+    assert redrawn.returncode == 0 and "tables and plots redrawn" in redrawn.stderr
+    assert json.loads(file.read_text()) == report  # nothing measured, nothing recorded
+
     before = file.read_bytes()
     other = _bench(*common[:-4], "--agents", "1,2", "--agent-timeout", "600", "--resume",
                    "--methods", "no_cache", timeout=120)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 BATCH = 256
-COMMON_MODULES = ("numpy", "PIL.Image", "tensorstore_cache._loader")
+COMMON_MODULES = ("numpy", "PIL.Image", "tensorstore_cache.loaders")
 DATALOADER_CONTEXT = "fork" if sys.platform == "linux" and sys.version_info < (3, 14) else None
 
 

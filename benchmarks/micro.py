@@ -6,6 +6,8 @@ Run ``python -m benchmarks.micro [--images N] [--workdir DIR] [--quick]``. Measu
 - open time of a fresh process at 5,000 and 50,000 items (median of 3 processes);
 - single lookups by path per second (``store[path]``), next to a plain
   ``dict`` + ``np.memmap`` view of the same bytes;
+- bulk lookups (``store.rows`` of 100,000 paths) in keys per second, next to a
+  ``dict`` lookup of every path into an ``int64`` array;
 - ``store.take`` of 256 random rows (new array, and into ``out=``) vs a plain
   ``np.memmap`` fancy-index gather of the same rows from a flat file of the same bytes.
 
@@ -137,10 +139,14 @@ def bench_access(location: Path, work: Path, budget_s: float) -> dict[str, Any]:
     for a, b in ((0, n), (0, n)):  # warm both mappings
         store.take(np.arange(a, b, 64))
         raw[a:b:64].sum()
-    out: dict[str, Any] = {"items": n}
+    out: dict[str, Any] = {"items": n, "rows_keys": len(picks)}
     out["lookup_store_per_s"] = _rate(store.__getitem__, picks, budget_s)
     out["lookup_dict_memmap_per_s"] = _rate(lambda p: raw[row_of[p]], picks, budget_s)
     out["lookup_ratio"] = out["lookup_store_per_s"] / out["lookup_dict_memmap_per_s"]
+    out["rows_keys_per_s"] = len(picks) / _median_time(lambda: store.rows(picks), 7)
+    out["rows_dict_keys_per_s"] = len(picks) / _median_time(
+        lambda: np.fromiter(map(row_of.__getitem__, picks), np.int64, len(picks)), 7)
+    out["rows_ratio"] = out["rows_keys_per_s"] / out["rows_dict_keys_per_s"]
     batches = [rng.choice(n, 256, replace=False) for _ in range(64)]
     buf = np.empty((256, *ITEM_SHAPE), dtype=np.float32)
     reps = 64
@@ -162,6 +168,7 @@ def bench_access(location: Path, work: Path, budget_s: float) -> dict[str, Any]:
 
 def table(res: dict[str, Any]) -> str:
     b, o, a = res["build"], res["open"], res["access"]
+    len_picks = a.get("rows_keys", 100_000)
     sizes = sorted(o, key=int)
     lines = [
         "# tensorstore_cache micro-benchmarks",
@@ -180,6 +187,9 @@ def table(res: dict[str, Any]) -> str:
         f"| single lookups/s by path ({a['items']:,} items), vs dict + memmap view "
         f"| {a['lookup_store_per_s']:,.0f} | {a['lookup_dict_memmap_per_s']:,.0f} "
         f"| {a['lookup_ratio']:.2f}x |",
+        f"| rows() of {len_picks:,} paths, keys/s, vs dict lookups into an int64 array "
+        f"| {a['rows_keys_per_s']:,.0f} | {a['rows_dict_keys_per_s']:,.0f} "
+        f"| {a['rows_ratio']:.2f}x |",
         f"| take 256 random rows, items/s, vs np.memmap fancy index "
         f"| {a['take_256_items_per_s']:,.0f} | {a['memmap_gather_256_items_per_s']:,.0f} "
         f"| {a['take_ratio']:.2f}x |",

@@ -41,20 +41,22 @@ from typing import Any
 import numpy as np
 
 import tensorstore_cache as tsc
-from tensorstore_cache._build import SHARD_BYTES, _rows_per_shard, _write_index
-from tensorstore_cache._format import (
+from tensorstore_cache.config import SHARD_BYTES
+from tensorstore_cache.format.metadata import (
     ATTR_KEY,
     INDEX_ARRAYS,
     VECTORS,
+    GroupMetadata,
     expected_files,
     index_array_length,
     index_array_metadata,
-    parse_group,
     vectors_metadata,
 )
-from tensorstore_cache._jsonio import write_json_durable
-from tensorstore_cache._shard import write_shard
-from tensorstore_cache._spec import StoreSpec
+from tensorstore_cache.format.shard import write_shard
+from tensorstore_cache.format.spec import StoreSpec
+from tensorstore_cache.fs.durable import write_json_durable
+from tensorstore_cache.writer.assemble import write_index
+from tensorstore_cache.writer.build import rows_per_shard
 
 from .make_images import generate
 
@@ -197,7 +199,7 @@ def measure_metadata(work: Path, n: int = 10_000_000) -> dict[str, float]:
         item_nbytes = int(np.prod(ITEM)) * np.dtype(dtype).itemsize
         spec = StoreSpec(
             n=n, item_shape=ITEM, dtype=dtype, loader_id="tensorstore_cache.image/1",
-            loader_params={}, rows_per_shard=_rows_per_shard(n, item_nbytes, workers),
+            loader_params={}, rows_per_shard=rows_per_shard(n, item_nbytes, workers),
         )
         key_bytes_len = n * 40
         root = work / f"meta-{dtype}-{workers}.tsc"
@@ -219,7 +221,7 @@ def measure_metadata(work: Path, n: int = 10_000_000) -> dict[str, float]:
         times = []
         for _ in range(5):
             with Clock() as c:
-                parse_group(root)
+                GroupMetadata.read(root)
             times.append(c.cpu)
         shards = math.ceil(n / spec.rows_per_shard)
         tag = f"meta10M_{dtype}_{workers}w"
@@ -268,7 +270,7 @@ def measure_index(work: Path, n: int) -> dict[str, float]:
     d.mkdir()
     minus = np.full(n, -1, dtype=np.int64)
     with Clock() as c:
-        _write_index(d, keys, minus, minus)
+        write_index(d, keys, minus, minus)
     out[f"index{tag}_write_s_wall"] = c.wall
     out[f"index{tag}_write_s_cpu"] = c.cpu
     out[f"index{tag}_bytes"] = _du(d)

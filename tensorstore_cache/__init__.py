@@ -12,9 +12,10 @@ Examples
 >>> batch = store.take(store.rows(paths))                        # doctest: +SKIP
 """
 
-from ._build import build_store
-from ._cache import cached
-from ._errors import (
+from ._api import build_store, cached, open_store, verify_store
+from .cache.gc import CacheInfo, Removed, gc, list_caches
+from .config import __version__
+from .errors import (
     BuildError,
     CorruptStoreError,
     KeyNotInStoreError,
@@ -25,13 +26,10 @@ from ._errors import (
     StoreNotFoundError,
     TensorStoreCacheError,
 )
-from ._gc import CacheInfo, Removed, gc, list_caches
-from ._loader import ImageLoader, to_float32
-from ._spec import FORMAT_VERSION, StoreSpec
-from ._store import CacheStore, open_store
-from ._verify import VerifyReport, verify_store
-
-__version__ = "0.1.0"
+from .format.spec import FORMAT_VERSION, StoreSpec
+from .format.verify import VerifyReport
+from .loaders import ImageLoader, to_float32
+from .reader.store import CacheStore
 
 __all__ = [
     "BuildError",

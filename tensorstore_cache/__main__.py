@@ -1,6 +1,6 @@
 """``python -m tensorstore_cache``: the ``tensorstore-cache`` command."""
 
-from ._cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -54,8 +54,9 @@ from torch.utils.data import (
 )
 from torch.utils.data._utils.collate import default_collate as _default_collate
 
-from ._loader import to_float32
-from ._store import CacheStore, open_store
+from ._api import open_store
+from .loaders import to_float32
+from .reader.store import CacheStore
 
 __all__ = ["StoreDataset", "collate"]
 
@@ -239,7 +240,7 @@ class StoreDataset(Dataset[Any]):
         n = len(self.rows)
         if not -n <= i < n:
             raise IndexError(f"index {i} is out of range for a dataset of {n} items")
-        view = self.store._vector(int(self.rows[i]))
+        view = self.store.vector(int(self.rows[i]))
         x = torch.from_numpy(to_float32(view) if self.as_float else view)
         if self.transform is not None:
             x = self.transform(x)

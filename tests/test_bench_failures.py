@@ -349,7 +349,8 @@ def test_resume_refuses_another_configuration(tmp_path: Path) -> None:
     assert files.resume({"images": 10}) is None  # nothing to resume
     config = {"images": 10, "seed": 0, "agents": [1, 4], "allow_oom": True}
     files.save({"config": config, "methods": {"no_cache": {}}}, "table\n")
-    assert files.resume(dict(config))["methods"] == {"no_cache": {}}
+    resumed = files.resume(dict(config))
+    assert resumed is not None and resumed["methods"] == {"no_cache": {}}
     with pytest.raises(ValueError, match=r"agents: \[1, 4\] there, \[1, 2\] now") as info:
         files.resume(dict(config, agents=[1, 2]))
     again = pickle.loads(pickle.dumps(info.value))

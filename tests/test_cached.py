@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._compact import MAX_PARTS, merge_start
-from tensorstore_cache._lock import BuildLock
-from tensorstore_cache._namespace import Namespace
+from tensorstore_cache.cache.compact import MAX_PARTS, merge_start
+from tensorstore_cache.cache.namespace import Namespace
+from tensorstore_cache.fs.locks import BuildLock
 
 from ._cache_loaders import LogLoader, expected, log_lines, vector_of, write_sources
 from .conftest import write_images
@@ -34,7 +34,7 @@ def namespaces(cache: Path) -> list[Path]:
 
 
 def live_parts(store: tsc.CacheStore) -> int:
-    return len(store._segments)
+    return len(store.segments)
 
 
 @pytest.fixture
@@ -179,12 +179,13 @@ def test_multi_part_rows_paths_and_lookups_agree(tmp_path: Path, cache: Path) ->
 def test_namespace_collected_while_opening_is_rebuilt(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tensorstore_cache._cache as cache_mod
+    import tensorstore_cache.cache.cached as cache_mod
+    from tensorstore_cache.cache.namespace import open_parts
 
     keys = write_sources(tmp_path / "src", 5)
     log = tmp_path / "log"
     tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), progress=False)
-    real = cache_mod.open_parts
+    real = open_parts
     state = {"first": True}
 
     def collected_first(*args: Any, **kwargs: Any) -> tsc.CacheStore:
@@ -263,17 +264,28 @@ def test_hash_check_ignores_touch_and_catches_hidden_edits(tmp_path: Path, cache
     assert calls(log)[keys[1]] == 2
     np.testing.assert_array_equal(store[keys[1]], vector_of(bytes(data)))
     with pytest.raises(ValueError, match="check"):
-        tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, check="mtime")
+        tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, check="mtime")  # type: ignore[arg-type]
 
 
 def test_stat_many_threaded_path_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorstore_cache import _stale
+    from tensorstore_cache.reader import sources as _stale
 
     keys = write_sources(tmp_path / "src", 30)
     many = [keys[i % 30] if i % 7 else str(tmp_path / f"gone{i}") for i in range(5000)]
+    pools: list[int] = []  # thread pools stat_many started: proves which path ran
+    from concurrent.futures import ThreadPoolExecutor
+
+    class CountingPool(ThreadPoolExecutor):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pools.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(_stale, "ThreadPoolExecutor", CountingPool)
     serial = _stale.stat_many(many)
+    assert pools == []
     monkeypatch.setattr(_stale, "_SLOW_STAT_S", 0.0)  # as on a network filesystem
     threaded = _stale.stat_many(many)
+    assert pools == [1]
     for a, b in zip(serial, threaded, strict=True):
         np.testing.assert_array_equal(a, b)
     sizes, mtimes = serial
@@ -332,7 +344,7 @@ def test_many_increments_are_merged(tmp_path: Path, cache: Path) -> None:
     old = first_gen[0]
     removed = tsc.gc(cache, grace=0)
     np.testing.assert_array_equal(old.take(old.rows(keys[1:33])), expected(keys[1:33]))
-    held = {str(seg.root) for seg in old._segments}
+    held = {str(seg.root) for seg in old.segments}
     assert held and not held & {r.path for r in removed}
     assert all(Path(p).exists() for p in held)
     old.close()
@@ -354,7 +366,7 @@ def test_many_stale_entries_trigger_a_full_merge(tmp_path: Path, cache: Path) ->
         Path(k).write_bytes(b"v2 " + k.encode())
     store = tsc.cached(keys, cache_dir=cache, loader=loader, progress=False)
     assert live_parts(store) == 1 and len(store) == 20
-    assert store._segments[0].n == 20, "the overridden rows are gone from the merged part"
+    assert store.segments[0].n == 20, "the overridden rows are gone from the merged part"
     np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
     assert store.stale() == []
 

@@ -9,14 +9,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
 import tensorstore_cache as tsc
-from tensorstore_cache._cli import main, parse_size
-from tensorstore_cache._keys import normalize_key
+from tensorstore_cache.cli.main import main, parse_size
+from tensorstore_cache.format.keys import normalize_key
 
 from .conftest import write_images
 
@@ -39,7 +40,8 @@ def solid(tmp_path: Path) -> Path:
         sub.mkdir(parents=True, exist_ok=True)
         ext = [".jpg", ".PNG", ".bmp", ".webp", ".gif", ".tiff"][i]
         img = Image.new("RGB", (40 + i, 30 + 2 * i), colour)
-        options = {".jpg": {"quality": 100}, ".webp": {"lossless": True}}.get(ext, {})
+        by_ext: dict[str, dict[str, Any]] = {".jpg": {"quality": 100}, ".webp": {"lossless": True}}
+        options = by_ext.get(ext, {})
         img.save(sub / f"c{i}{ext}", **options)  # solid colours, stored exactly
     (root / "notes.txt").write_text("not an image")
     (root / "a" / "image.jpg.bak").write_text("not an image either")
@@ -222,7 +224,7 @@ def test_preview_draws_every_vector_in_its_colour(solid: Path, tmp_path: Path, c
 
 
 def test_preview_uint8_and_non_image_stores(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tensorstore_cache._preview import to_pixels
+    from tensorstore_cache.cli.preview import to_pixels
 
     u8 = np.arange(2 * 3 * 2 * 2, dtype=np.uint8).reshape(2, 3, 2, 2)
     pixels, note = to_pixels(u8)

@@ -6,13 +6,14 @@ import os
 import pickle
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
 import tensorstore_cache as tsc
-from tensorstore_cache._keys import normalize_key
+from tensorstore_cache.format.keys import normalize_key
 
 from .conftest import write_images
 
@@ -95,7 +96,8 @@ def test_take_fills_out_and_checks_it(images: list[str], tmp_path: Path) -> None
 
 def test_black_and_odd_images_are_stored(tmp_path: Path) -> None:
     paths = []
-    for i, (mode, color) in enumerate([("RGB", (0, 0, 0)), ("L", 0), ("RGBA", (0, 0, 0, 0)), ("P", 3)]):
+    modes: list[tuple[str, Any]] = [("RGB", (0, 0, 0)), ("L", 0), ("RGBA", (0, 0, 0, 0)), ("P", 3)]
+    for i, (mode, color) in enumerate(modes):
         p = tmp_path / f"x{i}.png"
         Image.new(mode, (40, 30), color).save(p)
         paths.append(str(p))
@@ -258,7 +260,9 @@ def test_stock_zarr_and_tensorstore_read_identical_values(images: list[str], tmp
     np.testing.assert_array_equal(group["vectors"][:], ours)
     order = np.argsort(group["key_hash"][:])
     assert np.all(order == np.arange(len(store)))
-    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "s.tsc" / "vectors")}}
+    spec: dict[str, Any] = {
+        "driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "s.tsc" / "vectors")}
+    }
     np.testing.assert_array_equal(ts.open(spec).result().read().result(), ours)
     for name in ("key_hash", "key_row", "key_offsets", "key_bytes", "source_size", "source_mtime_ns"):
         spec["kvstore"]["path"] = str(tmp_path / "s.tsc" / name)

@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._build import collect_debris
+from tensorstore_cache.writer.build import collect_debris
 
 REPO = Path(__file__).resolve().parents[1]
 ITEM = (3, 4, 4)
@@ -95,7 +95,7 @@ def _state(root: Path) -> str:
 def _driver(mode: str, args: dict[str, Any]) -> dict[str, Any]:
     base = Path(args["base"])
     if mode == "kill-every-step":
-        from tensorstore_cache import _jsonio
+        from tensorstore_cache.fs import durable as _jsonio
 
         overwrite = bool(args["overwrite"])
         count = base / "count" / "s.tsc"

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._format import parse_group
-from tensorstore_cache._keys import normalize_key
-from tensorstore_cache._shard import PARTIAL_SUFFIX, file_checksum, remove_partials
-from tensorstore_cache._tasks import ShardTask, run_shard
+from tensorstore_cache.format.keys import normalize_key
+from tensorstore_cache.format.metadata import GroupMetadata
+from tensorstore_cache.fs.durable import PARTIAL_SUFFIX, file_digest, remove_partials
+from tensorstore_cache.writer.tasks import ShardTask, run_shard
 
 from .conftest import write_images
 
@@ -92,9 +92,9 @@ def _all_rows(store: tsc.CacheStore) -> np.ndarray:
 
 def _assert_intact(out: Path) -> None:
     """Every file listed in the metadata has its recorded size and checksum; no debris."""
-    _spec, files, _ = parse_group(out)
+    files = GroupMetadata.read(out).files
     for rel, (size, digest) in files.items():
-        assert file_checksum(out / rel) == (size, digest), rel
+        assert file_digest(out / rel) == (size, digest), rel
     leftovers = [p for p in out.rglob("*") if p.is_file() and p.name.endswith(PARTIAL_SUFFIX)]
     assert leftovers == []
     assert not list(out.parent.glob(f".{out.name}.tsc-build-*"))
@@ -242,12 +242,12 @@ def test_worker_killed_without_retries_publishes_nothing(
 
 def _kill_during_write(task: ShardTask) -> None:
     """Run a shard task in this (child) process and die just before its data is durable."""
-    import tensorstore_cache._shard as shard
+    import tensorstore_cache.fs.durable as durable
 
     def die(fd: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    shard.os.fsync = die  # type: ignore[attr-defined]
+    durable.os.fsync = die  # type: ignore[attr-defined]
     run_shard(task)
 
 
@@ -256,8 +256,8 @@ def test_shard_task_killed_mid_write_then_retried(tmp_path: Path) -> None:
     root = tmp_path / "build"
     (root / "vectors").mkdir(parents=True)
     task = ShardTask(
-        str(root), "vectors/c/0/0/0/0", images, tsc.ImageLoader(size=(32, 32)),
-        "float32", (3, 32, 32), 16, False,
+        root=str(root), rel="vectors/c/0/0/0/0", keys=images, loader=tsc.ImageLoader(size=(32, 32)),
+        dtype="float32", item_shape=(3, 32, 32), rows_per_shard=16, write_on_failure=False,
     )
     ctx = multiprocessing.get_context("spawn")
     child = ctx.Process(target=_kill_during_write, args=(task,))
@@ -270,7 +270,7 @@ def test_shard_task_killed_mid_write_then_retried(tmp_path: Path) -> None:
     result = run_shard(task)  # the retry
     again = run_shard(task)  # and a duplicate attempt: replaces, same bytes
     assert (result.size, result.checksum) == (again.size, again.checksum)
-    assert file_checksum(shard) == (result.size, result.checksum)
+    assert file_digest(shard) == (result.size, result.checksum)
     assert remove_partials(root) == 1
     assert not list(root.rglob(f"*{PARTIAL_SUFFIX}"))
 
@@ -279,8 +279,8 @@ def test_late_task_of_an_abandoned_build_writes_nothing(tmp_path: Path) -> None:
     images = write_images(tmp_path / "images", 3, seed=4)
     root = tmp_path / "gone"  # a build directory already removed (or published)
     task = ShardTask(
-        str(root), "vectors/c/0/0/0/0", images, tsc.ImageLoader(size=(32, 32)),
-        "float32", (3, 32, 32), 4, False,
+        root=str(root), rel="vectors/c/0/0/0/0", keys=images, loader=tsc.ImageLoader(size=(32, 32)),
+        dtype="float32", item_shape=(3, 32, 32), rows_per_shard=4, write_on_failure=False,
     )
     with pytest.raises(FileNotFoundError):
         run_shard(task)

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorstore_cache as tsc
-from tensorstore_cache._verify import verify_store
+from tensorstore_cache import verify_store
 
 from .strategies import json_values, mutated_json
 
@@ -584,7 +584,7 @@ except ImportError:
 
 import numpy as np
 import tensorstore_cache as tsc
-from tensorstore_cache._verify import verify_store
+from tensorstore_cache import verify_store
 
 store = tsc.open_store(sys.argv[1])
 keys = [f"src/k{i:04d}.bin" for i in range(150)]
@@ -625,9 +625,9 @@ def test_a_store_readers_would_refuse_is_never_published(tmp_path: Path) -> None
 def test_metadata_past_the_readers_cap_is_never_published(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tensorstore_cache import _format
+    from tensorstore_cache import config
 
-    monkeypatch.setattr(_format, "MAX_GROUP_JSON", 1024)  # as if 100k sources were skipped
+    monkeypatch.setattr(config, "MAX_GROUP_JSON", 1024)  # as if 100k sources were skipped
     with pytest.raises(tsc.BuildError, match="more than the 1024 allowed"):
         tsc.build_store(_keys(), tmp_path / "s.tsc", loader=_vec, loader_id="vec/1",
                         workers=1, progress=False)

@@ -28,9 +28,10 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._segment import Segment
-from tensorstore_cache._store import CacheStore
-from tensorstore_cache._verify import verify_segment, verify_store
+from tensorstore_cache import verify_store
+from tensorstore_cache.format.verify import verify_segment
+from tensorstore_cache.reader.segment import Segment
+from tensorstore_cache.reader.store import CacheStore
 
 REPO = Path(__file__).resolve().parents[1]
 N = 150  # three shards of 64, 64 and 22 rows
@@ -431,10 +432,19 @@ def test_an_open_store_never_mixes_with_its_replacement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
 ) -> None:
     """build_store(overwrite=True) under a reader: old rows or a clear error, never new rows."""
-    from tensorstore_cache import _jsonio
+    from tensorstore_cache.fs import durable as _jsonio
+    from tensorstore_cache.writer import assemble
 
     if not exchange:
         monkeypatch.setattr(_jsonio, "_renameat2", None)
+    swaps: list[bool] = []  # what the publication did: swapped, or fell back to two renames
+    real_exchange = _jsonio.exchange_dirs  # what assemble calls, from where it is defined
+
+    def spy(a: Path, b: Path) -> bool:
+        swaps.append(real_exchange(a, b))
+        return swaps[-1]
+
+    monkeypatch.setattr(assemble, "exchange_dirs", spy)
     root = tmp_path / "s.tsc"
     build(root)
     old = tsc.open_store(root)
@@ -442,6 +452,7 @@ def test_an_open_store_never_mixes_with_its_replacement(
     keys = _keys()[::-1]  # same keys, same sizes, every row moved
     tsc.build_store(keys, root, loader=_vec, loader_id="vec/1", workers=1, progress=False,
                     overwrite=True).close()
+    assert swaps == [True] if exchange and _jsonio._renameat2 is not None else swaps == [False]
     new = tsc.open_store(root)
     assert new.paths == keys and float(new["src/k0005.bin"].sum()) == _sum(5)
     assert float(old["src/k0071.bin"].sum()) == _sum(71)  # the mapped shard still reads

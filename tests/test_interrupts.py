@@ -32,8 +32,8 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._lock import BuildLock
-from tensorstore_cache._namespace import Namespace
+from tensorstore_cache.cache.namespace import Namespace
+from tensorstore_cache.fs.locks import BuildLock
 
 from ._clients import LoggedImages, calls, environment, expected, python
 
@@ -112,7 +112,7 @@ def _mid_build(proc: subprocess.Popen[str], log: Path) -> tuple[int, set[int]]:
 
 def _gone(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 
@@ -192,4 +192,6 @@ def test_sigterm_mid_build(tmp_path: Path, client_images: list[str]) -> None:
     np.testing.assert_array_equal(store.stack(client_images), expected(client_images))
     rebuilt = Counter(key for _pid, key in calls(log)[count:])
     assert set(rebuilt) == set(client_images) and set(rebuilt.values()) == {1}
-    assert [p.name for p in ns.parts_dir.iterdir()] == list(ns.current().parts), "debris removed"
+    current = ns.current()
+    assert current is not None
+    assert [p.name for p in ns.parts_dir.iterdir()] == list(current.parts), "debris removed"

@@ -1,4 +1,4 @@
-"""Tests for the default image loader (tensorstore_cache._loader).
+"""Tests for the default image loader (tensorstore_cache.loaders).
 
 The reference is the pipeline the library replaces, written here from Pillow and
 torch primitives exactly as torchvision performs it: ``Resize((H, W))`` on a PIL
@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageCms
 
-from tensorstore_cache import _loader
-from tensorstore_cache._loader import LOADER_ID, ImageLoader, to_float32
+from tensorstore_cache import loaders as _loader
+from tensorstore_cache.loaders import LOADER_ID, ImageLoader, to_float32
 
 TARGETS = [(32, 32), (64, 48), (7, 3)]
 # (width, height) of source images: a cover, smaller than every target, 1x1,

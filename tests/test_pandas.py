@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
-pd = pytest.importorskip("pandas")
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = pytest.importorskip("pandas")
 
-import tensorstore_cache as tsc  # noqa: E402
+import tensorstore_cache as tsc
 
-from .conftest import write_images  # noqa: E402
+from .conftest import write_images
 
 
 @pytest.fixture
@@ -53,7 +57,7 @@ def test_the_seed_assignment_fails_this_check(ratings: pd.DataFrame, tmp_path: P
     """The seed assigned vectors computed over sorted paths to unsorted rows."""
     img_vector_df = pd.DataFrame({"img_path": ratings["img_path"].unique()})
     data_box = [decode(p) for p in sorted(img_vector_df["img_path"])]
-    img_vector_df["img_vector"] = data_box
+    img_vector_df["img_vector"] = data_box  # type: ignore[assignment]
     wrong = sum(
         not np.array_equal(v, decode(p))
         for p, v in zip(img_vector_df["img_path"], img_vector_df["img_vector"], strict=True)

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._format import parse_group
-from tensorstore_cache._shard import file_checksum
+from tensorstore_cache.format.metadata import GroupMetadata
+from tensorstore_cache.fs.durable import file_digest
 
 from .conftest import write_images
 
@@ -33,7 +33,7 @@ COUNT_LOG = "TSC_TEST_COUNT_LOG"
 KILL_AT = "TSC_TEST_REMOTE_KILL_ON"
 
 
-class CountingFS(LocalFileSystem):
+class CountingFS(LocalFileSystem):  # type: ignore[misc]
     """The local filesystem under ``countfs://``, logging every read to ``$TSC_TEST_COUNT_LOG``."""
 
     protocol = "countfs"
@@ -103,7 +103,7 @@ def test_build_into_memory_url_then_open_on_a_fresh_node(
     assert Path(built.location).parent.parent == tmp_path / "a" / "remote"
     np.testing.assert_array_equal(_everything(built), _everything(local_store))
     mem = fsspec.filesystem("memory")
-    _spec, files, _ = parse_group(Path(local_store.location))
+    files = GroupMetadata.read(Path(local_store.location)).files
     remote = {p.split("/covers.tsc/", 1)[1] for p in mem.find(f"/{tmp_path.name}/covers.tsc")}
     assert remote == set(files) | {"zarr.json"}
     # another node: an empty cache directory, so the store is downloaded and checked
@@ -124,9 +124,9 @@ def test_local_url_takes_the_copy_path_file_url_does_not(
     copy = tsc.open_store(f"local://{src}", cache_dir=cache)
     assert Path(copy.location).is_relative_to(cache) and _versions(cache) == [Path(copy.location)]
     np.testing.assert_array_equal(_everything(copy), _everything(local_store))
-    _spec, files, _ = parse_group(src)
+    files = GroupMetadata.read(src).files
     for rel, (size, digest) in files.items():
-        assert file_checksum(Path(copy.location) / rel) == (size, digest)
+        assert file_digest(Path(copy.location) / rel) == (size, digest)
     direct = tsc.open_store(f"file://{src}", cache_dir=cache)
     assert direct.location == str(src) and len(_versions(cache)) == 1
 
@@ -150,7 +150,7 @@ def test_changed_remote_store_gets_a_new_copy(images: list[str], tmp_path: Path)
     np.testing.assert_array_equal(new[images[35]], old[images[35]])
     # the overwrite removed the old store's files that the new one does not have
     mem = fsspec.filesystem("memory")
-    _spec, files, _ = parse_group(Path(new.location))
+    files = GroupMetadata.read(Path(new.location)).files
     remote = {p.split("/s.tsc/", 1)[1] for p in mem.find(f"/{tmp_path.name}/s.tsc")}
     assert remote == set(files) | {"zarr.json"}
 
@@ -220,7 +220,7 @@ def test_concurrent_first_opens_download_once(
     expected = float(_everything(local_store).sum(dtype=np.float64))
     assert all(total == expected for _, total in results)
     lines = _log_lines(log)
-    _spec, files, _ = parse_group(Path(local_store.location))
+    files = GroupMetadata.read(Path(local_store.location)).files
     gets = [path for _pid, what, path in lines if what == "get"]
     # every file of the store downloaded exactly once, by one process
     assert sorted(gets) == sorted(f"{local_store.location}/{rel}" for rel in files)
@@ -315,7 +315,7 @@ def test_s3_build_upload_open_elsewhere_and_overwrite(
         images, url, workers=2, progress=False, cache_dir=tmp_path / "builder", storage_options=s3
     )
     np.testing.assert_array_equal(_everything(built), _everything(local_store))
-    _spec, files, _ = parse_group(Path(local_store.location))
+    files = GroupMetadata.read(Path(local_store.location)).files
     listed = {p.split("/covers.tsc/", 1)[1] for p in fs.find("covers-bucket/v1/covers.tsc")}
     assert listed == set(files) | {"zarr.json"}
     reader = tsc.open_store(url, cache_dir=tmp_path / "reader", storage_options=s3)

@@ -115,7 +115,7 @@ def _reader(root: str, mode: str, store: tsc.CacheStore | None, barrier: Any, qu
 
 
 def _run_readers(root: Path, method: str, mode: str) -> list[dict[str, Any]]:
-    ctx = multiprocessing.get_context(method)
+    ctx: Any = multiprocessing.get_context(method)
     barrier = ctx.Barrier(READERS)
     queue = ctx.Queue()
     store = tsc.open_store(root) if method == "fork" else None  # fork: inherit the mapping

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache._lock import BuildLock
-from tensorstore_cache._namespace import Namespace
+from tensorstore_cache.cache.namespace import Namespace
+from tensorstore_cache.fs.locks import BuildLock
 
 from ._cache_loaders import LogLoader, expected, log_lines, write_sources
 
@@ -36,7 +36,7 @@ def _racer(cache: str, keys: list[str], log: str, barrier: Any, out: str, locks:
 
 
 def _race(tmp_path: Path, method: str, subsets: list[list[str]], locks: str = "") -> list[np.ndarray]:
-    ctx = multiprocessing.get_context(method)
+    ctx: Any = multiprocessing.get_context(method)
     barrier = ctx.Barrier(len(subsets))
     procs = [
         ctx.Process(
@@ -72,7 +72,7 @@ def test_eight_racers_compute_every_item_once(tmp_path: Path, method: str) -> No
         np.testing.assert_array_equal(got, want)
     store = tsc.cached(keys, cache_dir=tmp_path / "cache", loader=LogLoader(tmp_path / "log"),
                        progress=False)
-    assert len(store) == len(keys) and len(store._segments) == 1
+    assert len(store) == len(keys) and len(store.segments) == 1
 
 
 def test_overlapping_requests_compute_each_item_once(tmp_path: Path) -> None:
@@ -141,6 +141,7 @@ def test_killed_builder_is_replaced_by_a_waiter(tmp_path: Path) -> None:
         assert f"pid {a.pid} on host" in b_err.read_text()
         parts = Namespace(Namespace_dir(tmp_path)).parts_dir
         assert any(".tsc-build-" in p.name for p in parts.iterdir()), "a build in progress"
+        assert a.pid is not None
         os.kill(a.pid, signal.SIGKILL)  # mid-build, holding the lock
         a.join(JOIN_S)
         b.join(JOIN_S)

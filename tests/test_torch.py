@@ -121,7 +121,7 @@ def test_getitems_returns_samples_that_collate_to_the_batch(small: tsc.CacheStor
     idx = [7, 1, 7, 30]
     samples = ds.__getitems__(idx)
     assert isinstance(samples, list) and len(samples) == 4
-    x_default, y_default = default_collate(samples)
+    x_default, y_default = default_collate(samples)  # type: ignore[no-untyped-call]
     x_direct, y_direct = collate(samples)
     assert x_direct is samples.collated[0]  # no second stacking
     expected = np.stack([vector_of(small.paths[i]) for i in idx])
@@ -257,7 +257,7 @@ def test_dataset_over_a_cached_store_pickles_with_its_reopen_recipe(tmp_path: Pa
                        workers=1, progress=False)
     store = tsc.cached(paths, cache_dir=tmp_path, loader=vector_of, loader_id="t/1",
                        workers=1, progress=False)  # a second part: rows span two segments
-    assert len(store._segments) == 2
+    assert len(store.segments) == 2
     ds = StoreDataset(store, paths[::-1], targets=np.arange(30))
     again = pickle.loads(pickle.dumps(ds))
     assert again._store is None

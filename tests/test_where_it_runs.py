@@ -20,6 +20,7 @@ import re
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -385,8 +386,8 @@ def test_dataloader_workers_open_the_store_by_path(
                        workers=2, progress=False)
     _assert_built_by_two_processes(log, client_images, os.getpid())
     ds = ByPath(store.location, client_images)
-    loader = DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context=method,
-                        worker_init_fn=open_by_path)
+    loader: Any = DataLoader(cast(Any, ds), batch_size=16, num_workers=2,
+                             multiprocessing_context=method, worker_init_fn=open_by_path)
     seen, pids = [], set()
     for index, batch, pid in loader:
         np.testing.assert_array_equal(batch.numpy(), expected([client_images[i] for i in index]))

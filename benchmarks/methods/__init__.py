@@ -1,7 +1,7 @@
 """The caching methods the benchmark compares, one module each.
 
 Every module defines ``METHOD``, an instance of :class:`._base.Method`. All methods
-decode with the same function (``tensorstore_cache._loader.ImageLoader((32, 32))``), so
+decode with the same function (``tensorstore_cache.loaders.ImageLoader((32, 32))``), so
 only the caching differs.
 """
 

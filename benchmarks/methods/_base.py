@@ -7,7 +7,7 @@ A method is driven in two places:
 - each *agent* (a fresh spawned process, like a sweep agent) calls :meth:`Method.load`
   with the unique image paths. ``load`` is what a user's training script would do: use
   the cache if it is there, otherwise compute every vector (with the same
-  :class:`~tensorstore_cache._loader.ImageLoader`) and fill the cache. It returns a
+  :class:`~tensorstore_cache.loaders.ImageLoader`) and fill the cache. It returns a
   :class:`Column`: the agent's handle on one ``(3, 32, 32)`` float32 vector per path.
 
 Rows passed to :meth:`Column.batch` and :meth:`Column.item` are positions in the
@@ -34,7 +34,7 @@ PASS_BATCH = 64  # rows per read in a full pass (768 KiB of float32)
 
 def default_loader() -> Any:
     """The decode function every method uses: the seed's pipeline, crash-free."""
-    from tensorstore_cache._loader import ImageLoader
+    from tensorstore_cache.loaders import ImageLoader
 
     return ImageLoader(SIZE)
 

@@ -18,7 +18,7 @@ class _ImageVector:
     """The seed's ``image_vector(path)`` with the PIL image cached in the manager."""
 
     def __init__(self) -> None:
-        from tensorstore_cache._loader import ImageLoader, to_float32
+        from tensorstore_cache.loaders import ImageLoader, to_float32
 
         # decode + convert + Resize((32, 32)), kept as pixels: the seed's ``scale(img)``
         self.resize = ImageLoader(SIZE, dtype="uint8")

@@ -1,0 +1,396 @@
+"""The verbs: :func:`open_store`, :func:`build_store`, :func:`cached`, :func:`verify_store`.
+
+This is the only module that routes a location: an fsspec URL goes through
+the remote transport (a node-local copy), a cache namespace directory to the
+cache, a store directory to the reader. It also checks every option once
+and turns the keyword arguments into the options objects the layers below
+take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import config
+from .cache.cached import CacheOptions, cached_store
+from .cache.namespace import is_namespace, open_namespace
+from .config import Check, OnError, OnStale, check_mode
+from .errors import CorruptStoreError
+from .format.keys import normalize_keys
+from .format.metadata import GROUP
+from .format.verify import Problem, VerifyReport, verify_segment, verify_segments
+from .fs.temp import remove_tree
+from .loaders import Loader, resolve_loader
+from .reader.store import CacheStore, open_directory
+from .remote.fetch import fetch_store
+from .remote.upload import check_target, staging_dir, upload_store
+from .remote.urls import file_url_path, is_url
+from .writer.build import BuildOptions, build
+
+__all__ = ["build_store", "cached", "open_store", "verify_store"]
+
+
+def open_store(
+    path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> CacheStore:
+    """Open a store read-only, mapping its files (no data is read or copied).
+
+    Parameters
+    ----------
+    path
+        The store directory written by :func:`build_store`, or an fsspec URL
+        of one (``s3://bucket/covers.tsc``, ``gs://...``; needs the
+        ``remote`` extra). A remote store is copied once per node into
+        ``<cache_dir>/remote/`` (downloaded, every file checked against its
+        recorded checksum, published atomically; processes of the node that
+        ask at the same time wait for one copy) and mapped from there; a
+        changed remote store gets a new copy. ``file://`` URLs are local.
+    cache_dir
+        For URLs: where the node-local copy goes (default ``$TSC_CACHE_DIR``,
+        else ``~/.cache/tensorstore_cache``).
+    storage_options
+        For URLs: options of the fsspec filesystem (credentials,
+        ``endpoint_url``, ...).
+
+    Returns
+    -------
+    CacheStore
+        The open store.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If there is no store at ``path``.
+    CorruptStoreError
+        If its metadata is invalid or its index files are damaged.
+
+    Examples
+    --------
+    >>> store = open_store("covers.tsc")  # doctest: +SKIP
+    >>> store.spec.item_shape             # doctest: +SKIP
+    (3, 32, 32)
+    """
+    if isinstance(path, str) and is_url(path):
+        local = file_url_path(path)
+        if local is None:
+            return _open_url(path, cache_dir, storage_options)
+        path = local
+    root = Path(os.fspath(path))
+    if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
+        return open_namespace(root)
+    return open_directory(root)
+
+
+def _open_url(
+    url: str, cache_dir: str | os.PathLike[str] | None, storage_options: Mapping[str, Any] | None
+) -> CacheStore:
+    """Open the store at ``url`` through this node's copy (made first if missing)."""
+    local = fetch_store(url, cache_dir=cache_dir, storage_options=storage_options)
+    return _open_copy(url, str(local), None if cache_dir is None else os.fspath(cache_dir),
+                      None if storage_options is None else dict(storage_options))
+
+
+def _open_copy(
+    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None
+) -> CacheStore:
+    # pickled, the store reopens this node's copy when it exists (no request), else the URL
+    return open_directory(local, reopen=(_reopen_url, (url, local, cache_dir, storage_options)))
+
+
+def _reopen_url(
+    url: str, local: str, cache_dir: str | None, storage_options: dict[str, Any] | None
+) -> CacheStore:
+    """Unpickle a store opened from a URL: its local copy if this node has it, else the URL."""
+    if os.path.isfile(os.path.join(local, GROUP)):
+        return _open_copy(url, local, cache_dir, storage_options)
+    return _open_url(url, cache_dir, storage_options)
+
+
+def build_store(
+    paths: Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    size: tuple[int, int] = (32, 32),
+    dtype: str = "float32",
+    loader: Loader | None = None,
+    loader_id: str | None = None,
+    workers: int | None = None,
+    on_error: OnError = "raise",
+    progress: bool = True,
+    overwrite: bool = False,
+    executor: Executor | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> CacheStore:
+    """Build a store of one vector per distinct path, publish it atomically, open it.
+
+    Parameters
+    ----------
+    paths
+        Source paths: any iterable of ``str``/``os.PathLike`` (a list, a pandas
+        Series, ...). Duplicates are stored once; rows follow first appearance.
+    out
+        The store directory to create, or an fsspec URL (``s3://bucket/covers.tsc``;
+        needs the ``remote`` extra): the store is then built in a local staging
+        directory under ``<cache_dir>/remote/``, uploaded with its group
+        ``zarr.json`` last, and kept there as this node's copy.
+    size
+        ``(height, width)`` of the default image loader.
+    dtype
+        Element type stored: ``"float32"`` (values of ``ToTensor``) or
+        ``"uint8"`` (0..255, four times smaller; see :func:`to_float32`).
+    loader
+        Any callable ``path -> array`` of one fixed shape, used instead of the
+        image loader. Each worker process receives it once, pickled with
+        cloudpickle: by reference if it can be imported by name, by value
+        otherwise (a function of ``__main__`` or of a notebook cell, a lambda,
+        a closure, a :func:`functools.partial`). Without an ``item_shape``
+        attribute, its first item is computed first, here, to learn the shape.
+    loader_id
+        A string naming the loader and its version, recorded in the spec
+        (default: the loader's ``loader_id`` attribute, else its module and
+        qualified name).
+    workers
+        Processes that build (default: every core): this one and a pool of
+        ``workers - 1`` started from a clean interpreter, which never runs
+        ``__main__`` again. ``1`` builds in this process, as does a daemonic
+        process (a DataLoader or multiprocessing pool worker), with a notice.
+    on_error
+        ``"raise"`` (default): if any source fails, raise :class:`BuildError`
+        listing every failure and publish nothing. ``"skip"``: build the rest
+        and record the skipped paths in ``spec.skipped``.
+    progress
+        Show a progress bar with items/s.
+    overwrite
+        Replace an existing store at ``out``.
+    executor
+        A :class:`concurrent.futures.Executor` to run the shard tasks on
+        instead of a local process pool (e.g. ``dask.distributed.Client(...)
+        .get_executor()``); every task writes one whole shard into the build
+        directory next to ``out``, which must be on a filesystem all workers
+        share. Tasks may be retried (a killed worker): a shard is written to a
+        ``.partial`` file and renamed, so a retry replaces it safely. Pass
+        ``workers=`` the cluster's thread count so that there are enough shards.
+    cache_dir
+        For a URL ``out``: the local cache directory (default
+        ``$TSC_CACHE_DIR``, else ``~/.cache/tensorstore_cache``).
+    storage_options
+        For a URL ``out``: options of the fsspec filesystem.
+
+    Returns
+    -------
+    CacheStore
+        The published store, open.
+
+    Raises
+    ------
+    BuildError
+        If sources failed and ``on_error="raise"``.
+    StoreExistsError
+        If ``out`` exists and ``overwrite`` is false.
+    ReentrantBuildError
+        If called, for ``out``, by the loader of the build of ``out`` or by one
+        of that build's worker processes.
+    TypeError
+        If ``workers > 1`` and the loader cannot be pickled.
+
+    Examples
+    --------
+    >>> store = build_store(df["img_path"], "covers.tsc", size=(32, 32))  # doctest: +SKIP
+    >>> store[df["img_path"][0]].shape                                     # doctest: +SKIP
+    (3, 32, 32)
+    """
+    check_mode("on_error", on_error, OnError)
+    url = out if isinstance(out, str) and is_url(out) else None
+    if url is not None:
+        local = file_url_path(url)
+        if local is not None:
+            out, url = local, None
+        else:
+            check_target(url, overwrite=overwrite, storage_options=storage_options)
+    np_dtype = np.dtype(dtype).name
+    options = BuildOptions(
+        loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype),
+        dtype=np_dtype,
+        workers=workers,
+        on_error=on_error,
+        progress=progress,
+        overwrite=overwrite,
+        executor=executor,
+    )
+    keys = list(dict.fromkeys(normalize_keys(paths)))
+    if url is None:
+        target = Path(os.fspath(out))
+        build(keys, target, options)
+        return open_directory(target)
+    staging = staging_dir(url, cache_dir)
+    try:  # built locally, uploaded, and kept as this node's copy
+        build(keys, staging / "store", dataclasses.replace(options, overwrite=False))
+        upload_store(staging / "store", url, overwrite=overwrite, cache_dir=cache_dir,
+                     storage_options=storage_options)
+    finally:
+        remove_tree(staging)
+    return _open_url(url, cache_dir, storage_options)
+
+
+def cached(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    size: tuple[int, int] = (32, 32),
+    dtype: str = "float32",
+    loader: Loader | None = None,
+    loader_id: str | None = None,
+    workers: int | None = None,
+    on_error: OnError = "raise",
+    progress: bool = True,
+    check: Check = "stat",
+    on_stale: OnStale = "rebuild",
+    lock_timeout: float | None = None,
+    executor: Executor | None = None,
+) -> CacheStore:
+    """Return a store holding the vector of every path, computing only what is missing.
+
+    Vectors live in a *namespace* of ``cache_dir`` named by a fingerprint of
+    everything that determines them (loader id and parameters, dtype, format
+    version), so different transforms never see each other's vectors. Paths
+    already cached and unchanged are opened, not recomputed; missing and
+    stale ones are computed once, by one process, while concurrent callers
+    wait for it and then open its result.
+
+    Parameters
+    ----------
+    paths
+        Source paths (a list, a pandas Series, ...); order and duplicates do
+        not matter.
+    cache_dir
+        Root of the cache (default ``$TSC_CACHE_DIR``, else
+        ``~/.cache/tensorstore_cache``).
+    size, dtype
+        Output ``(height, width)`` and element type of the built-in image
+        loader (``dtype`` is also the stored type of a custom loader's output).
+    loader
+        A callable ``path -> array`` of one fixed shape, instead of the image
+        loader: a function, lambda, closure, ``functools.partial`` or
+        callable object, defined anywhere (a script's ``__main__``, a notebook
+        cell); see :func:`build_store`. A ``params`` dict attribute becomes
+        part of the fingerprint.
+    loader_id
+        Required with a custom ``loader`` (unless it has a ``loader_id``
+        attribute): a name for what it computes, changed whenever its output
+        changes, e.g. ``"myproject.thumbnails/2"``.
+    workers
+        Processes for a build (default: every core); see :func:`build_store`.
+    executor
+        A :class:`concurrent.futures.Executor` that runs the build's shard
+        tasks instead of a local process pool (e.g. a Dask client's
+        ``get_executor()``); ``cache_dir`` must then be on a filesystem every
+        worker shares. See :func:`build_store`.
+    on_error
+        ``"raise"``: a source that fails to load fails the call and nothing
+        is published. ``"skip"``: the rest is published; skipped sources are
+        listed in ``store.spec.skipped`` and retried by the next call.
+    progress
+        Show build progress, and say on stderr whom this call waits for.
+    check
+        How a cached entry is known to be current: ``"stat"`` (the source's
+        size and mtime are those recorded when it was computed) or ``"hash"``
+        (its content hash is; reads every source, and records hashes of what
+        it builds).
+    on_stale
+        What to do with stale entries: ``"rebuild"`` (recompute them into a
+        new part that overrides the old entries), ``"raise"``
+        (:class:`StaleSourceError` listing them) or ``"ignore"`` (use them;
+        also skips the check).
+    lock_timeout
+        Seconds to wait at most for another process's build
+        (:class:`StoreLockedError` afterwards); ``None`` waits as long as it runs.
+
+    Returns
+    -------
+    CacheStore
+        Holds every requested path (except skipped ones) and possibly more.
+
+    Raises
+    ------
+    BuildError
+        If sources failed to load and ``on_error="raise"``.
+    StaleSourceError
+        If entries are stale and ``on_stale="raise"``.
+    ReentrantBuildError
+        If called, for this cache, by the loader of its build or by one of
+        that build's worker processes (instead of waiting for ever for the
+        build's own lock).
+    ValueError
+        If a custom loader has no ``loader_id``, or an option is invalid.
+
+    Examples
+    --------
+    >>> store = cached(df["img_path"], size=(32, 32))   # doctest: +SKIP
+    >>> batch = store.take(store.rows(df["img_path"]))  # doctest: +SKIP
+    """
+    check_mode("on_error", on_error, OnError)
+    check_mode("check", check, Check)
+    check_mode("on_stale", on_stale, OnStale)
+    np_dtype = np.dtype(dtype).name
+    build_options = BuildOptions(
+        loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype, strict=True),
+        dtype=np_dtype,
+        workers=workers,
+        on_error=on_error,
+        progress=progress,
+        executor=executor,
+    )
+    root = Path(os.fspath(cache_dir)) if cache_dir is not None else config.default_cache_dir()
+    keys = list(dict.fromkeys(normalize_keys(paths)))
+    options = CacheOptions(
+        build=build_options, check=check, on_stale=on_stale, lock_timeout=lock_timeout
+    )
+    return cached_store(root, keys, options)
+
+
+def verify_store(target: CacheStore | str | os.PathLike[str]) -> VerifyReport:
+    """Check every file of a store against the sizes and checksums recorded at build time.
+
+    Parameters
+    ----------
+    target
+        An open :class:`CacheStore` (each of its segments is checked) or a
+        store directory.
+
+    Returns
+    -------
+    VerifyReport
+        The combined report; ``report.ok`` is true for a sound store and
+        :meth:`VerifyReport.raise_if_bad` turns problems into a
+        :class:`CorruptStoreError` naming every bad file.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If there is no store at ``target``.
+    """
+    if isinstance(target, CacheStore):
+        return verify_segments(target.location, target.segments)
+    path = Path(os.fspath(target))
+    if (path / GROUP).is_file() or (path / GROUP).is_symlink():
+        report = VerifyReport(str(path))
+        report.extend(verify_segment(path))
+        return report
+    try:  # a layout of several segments, or no store: let open_store decide
+        with open_store(path) as store:
+            return verify_store(store)
+    except CorruptStoreError as exc:
+        report = VerifyReport(str(path))
+        report.problems.append(Problem(exc.path or str(path), "metadata", str(exc)))
+        return report

@@ -1,0 +1,1 @@
+"""The cache directory: namespaces of immutable parts, get-or-build, compaction, housekeeping."""

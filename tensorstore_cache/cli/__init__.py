@@ -1,0 +1,1 @@
+"""The ``tensorstore-cache`` command."""

@@ -1,0 +1,482 @@
+"""The ``tensorstore-cache`` command (also ``python -m tensorstore_cache``).
+
+Exit status: 0 success; 1 the operation failed (sources that cannot be
+loaded, a store that is missing or damaged); 2 the command line is wrong
+(unknown option, bad value, a source that does not exist or holds no paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .. import config
+from .._api import build_store, open_store, verify_store
+from ..cache.gc import gc, list_caches
+from ..errors import (
+    BuildError,
+    KeyNotInStoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+    TensorStoreCacheError,
+)
+from ..fs.temp import age_text, disk_usage
+
+__all__ = ["main"]
+
+PROG = "tensorstore-cache"
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+DESCRIPTION = """\
+Preprocess once, map everywhere: build a store of image vectors once, then
+let every process (sweep agents, DataLoader workers) map the same files.
+"""
+
+EPILOG = """\
+examples:
+  tensorstore-cache build data/images --out covers.tsc
+  tensorstore-cache build train.csv --column img_path --out covers.tsc --size 32 32
+  tensorstore-cache build paths.txt --out covers_u8.tsc --dtype uint8 --on-error skip
+  tensorstore-cache info covers.tsc
+  tensorstore-cache verify covers.tsc
+  tensorstore-cache preview covers.tsc --out grid.png --n 64
+  tensorstore-cache ls
+  tensorstore-cache gc --older-than 30 --max-size 50G --dry-run
+
+exit status: 0 ok, 1 the operation failed (load errors, missing or damaged
+store), 2 the command line is wrong. Arguments can be read from a file, one
+per line: tensorstore-cache preview covers.tsc --out g.png --paths @list.txt
+"""
+
+
+class UsageError(Exception):
+    """A wrong command line detected after parsing (exit status 2)."""
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"50G"``, ``"512MiB"``, ``"1.5 TB"`` or ``"1048576"`` to bytes (powers of 1024)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 50G, 512M)"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of days {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"days must be a number >= 0, got {text!r}")
+    return value
+
+
+# -- sources ------------------------------------------------------------------------
+
+
+def find_images(root: Path) -> list[str]:
+    """Every image file under ``root`` (recursively), sorted."""
+    found = [
+        str(p) for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+    ]
+    return sorted(found)
+
+
+def _read_table_column(source: Path, column: str) -> list[str]:
+    if source.suffix.lower() in (".parquet", ".pq"):
+        try:
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        except ImportError:
+            raise UsageError(
+                f"reading {source} needs pyarrow: pip install 'tensorstore_cache[pandas]'"
+            ) from None
+        names = pq.read_schema(source).names
+        if column not in names:
+            raise UsageError(f"{source} has no column {column!r}; its columns: {', '.join(names)}")
+        values = pq.read_table(source, columns=[column]).column(column).to_pylist()
+    else:
+        delimiter = "\t" if source.suffix.lower() == ".tsv" else ","
+        with open(source, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f, delimiter=delimiter)
+            names = list(reader.fieldnames or [])
+            if column not in names:
+                raise UsageError(
+                    f"{source} has no column {column!r}; its columns: {', '.join(names) or '(none)'}"
+                )
+            values = [row[column] for row in reader]
+    return [str(v) for v in values if v not in (None, "")]
+
+
+def read_sources(source: str, column: str) -> list[str]:
+    """Paths named by SOURCE: a directory, a CSV/TSV/Parquet table, a list file, or ``-``."""
+    if source == "-":
+        return [line.strip() for line in sys.stdin if line.strip() and not line.startswith("#")]
+    path = Path(source)
+    if path.is_dir():
+        return find_images(path)
+    if not path.exists():
+        raise UsageError(f"source {source!r} does not exist (give a directory, a CSV/Parquet file or a list of paths)")
+    if path.suffix.lower() in (".csv", ".tsv", ".parquet", ".pq"):
+        return _read_table_column(path, column)
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    paths = read_sources(args.source, args.column)
+    if not paths:
+        what = "image files" if Path(args.source).is_dir() else "paths"
+        raise UsageError(f"no {what} found in {args.source!r}")
+    t0 = time.perf_counter()
+    store = build_store(
+        paths,
+        args.out,
+        size=tuple(args.size),
+        dtype=args.dtype,
+        workers=args.workers,
+        on_error=args.on_error,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+    )
+    dt = time.perf_counter() - t0
+    with store:
+        spec = store.spec
+        shape = "x".join(str(d) for d in spec.item_shape)
+        print(
+            f"built {store.location}: {len(store):,} vectors {shape} {spec.dtype} "
+            f"({_human(disk_usage(Path(store.location)))}) in {dt:.1f} s "
+            f"({len(paths) / max(dt, 1e-9):,.0f} items/s)"
+        )
+        if spec.skipped:
+            print(f"skipped {len(spec.skipped)} source(s) that could not be loaded:", file=sys.stderr)
+            for p, reason in spec.skipped[:10]:
+                print(f"  {p}: {reason}", file=sys.stderr)
+            if len(spec.skipped) > 10:
+                print(f"  ... and {len(spec.skipped) - 10} more (tensorstore-cache info --json)", file=sys.stderr)
+    return 0
+
+
+def store_info(location: str) -> dict[str, Any]:
+    """What ``info`` shows, as JSON values."""
+    with open_store(location) as store:
+        spec = store.spec
+        info = spec.to_json()
+        info.update(
+            location=store.location,
+            entries=len(store),
+            item_nbytes=spec.item_nbytes,
+            disk_bytes=disk_usage(Path(store.location)),
+            created=datetime.fromtimestamp(spec.created_unix, UTC).isoformat(timespec="seconds"),
+        )
+    return info
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = store_info(args.store)
+    if args.json:
+        json.dump(info, sys.stdout, indent=2)
+        print()
+        return 0
+    shape = " x ".join(str(d) for d in info["item_shape"])
+    params = ", ".join(f"{k}={v}" for k, v in info["loader_params"].items())
+    rows = [
+        ("store", info["location"]),
+        ("entries", f"{info['entries']:,}"),
+        ("vector", f"{shape} {info['dtype']} ({_human(info['item_nbytes'])} each)"),
+        ("loader", f"{info['loader_id']}" + (f" ({params})" if params else "")),
+        ("on disk", _human(info["disk_bytes"])),
+        ("built", info["created"].replace("T", " ")),
+        ("format", f"zarr v3 group, tensorstore_cache format {info['format_version']}, "
+                   f"{info['rows_per_shard']:,} rows per shard"),
+    ]
+    if info["skipped"]:
+        first = info["skipped"][0]
+        rows.append(("skipped", f"{len(info['skipped'])} source(s), e.g. {first[0]}: {first[1]}"))
+    for key, value in rows:
+        print(f"{key:<9} {value}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if not args.quiet:
+        print(f"verifying {args.store} ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    report = verify_store(args.store)
+    dt = time.perf_counter() - t0
+    if report.ok:
+        print(f"{report} in {dt:.1f} s")
+        return 0
+    print(str(report), file=sys.stderr)
+    print("The store cannot be trusted: delete it and build it again.", file=sys.stderr)
+    return 1
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    caches = list_caches(args.cache_dir)
+    if args.json:
+        out = []
+        for c in caches:
+            d = dataclasses.asdict(c)
+            d["last_used"] = c.last_used.isoformat(timespec="seconds")
+            out.append(d)
+        json.dump(out, sys.stdout, indent=2, default=list)
+        print()
+        return 0
+    if not caches:
+        print(f"no caches in {args.cache_dir or config.default_cache_dir()}")
+        return 0
+    now = datetime.now(UTC)
+    table = [("NAMESPACE", "LOADER", "VECTOR", "ENTRIES", "SIZE", "LAST USED", "")]
+    for c in caches:
+        shape = "x".join(str(d) for d in c.item_shape) if c.item_shape else "-"
+        table.append((
+            c.namespace,
+            c.loader_id,
+            f"{shape} {c.dtype}",
+            f"{c.entries:,}",
+            _human(c.bytes),
+            f"{age_text((now - c.last_used).total_seconds())} ago",
+            f"building: {c.building}" if c.building else "",
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    total = sum(c.bytes for c in caches)
+    print(f"{len(caches)} cache(s), {_human(total)} in {caches[0].path.rsplit('/', 1)[0]}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    removed = gc(
+        args.cache_dir,
+        older_than=None if args.older_than is None else args.older_than * 86400.0,
+        max_bytes=args.max_size,
+        dry_run=args.dry_run,
+    )
+    verb = "would remove" if args.dry_run else "removed"
+    for r in removed:
+        print(f"{verb} {r.kind} {r.path} ({_human(r.bytes)}): {r.reason}")
+    freed = sum(r.bytes for r in removed)
+    print(f"{verb} {len(removed)} item(s), {_human(freed)}" + (" (dry run)" if args.dry_run else ""))
+    return 0
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from .preview import contact_sheet, pick_rows
+
+    out = Path(args.out)
+    if out.suffix.lower() != ".png":
+        raise UsageError(f"--out must name a .png file, got {args.out!r}")
+    with open_store(args.store) as store:
+        if len(store) == 0:
+            raise TensorStoreCacheError(f"{args.store} is empty: nothing to preview")
+        rows = pick_rows(store, args.paths, n=args.n, seed=args.seed)
+        try:
+            sheet = contact_sheet(store, rows, scale=args.scale, columns=args.columns)
+        except ValueError as exc:
+            raise TensorStoreCacheError(str(exc)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sheet.save(out, format="PNG")
+    print(f"wrote {out}: {len(rows)} entries of {args.store} ({sheet.width} x {sheet.height} px)")
+    return 0
+
+
+# -- the parser -----------------------------------------------------------------------
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps prose paragraphs; keeps paragraphs with indented lines (examples) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in text.strip("\n").split("\n\n"):
+            if any(line.startswith("  ") for line in para.splitlines()):
+                out.append("\n".join(indent + line for line in para.splitlines()))
+            else:
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # usage errors: exit status 2, no traceback
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tensorstore-cache`` (also used for the docs)."""
+    fmt = _Formatter
+    parser = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=fmt,
+                     fromfile_prefix_chars="@")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {config.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=_Parser)
+    sub_kw: dict[str, Any] = {"formatter_class": fmt}
+
+    p = sub.add_parser(
+        "build", help="build a store from images", formatter_class=fmt,
+        description="Decode and resize every image once (in parallel) and publish the store "
+                    "atomically. Paths are stored as given (normalised): build from the "
+                    "directory you will train from, or use absolute paths.",
+        epilog="SOURCE is a directory (searched recursively for .jpg .jpeg .png .gif .bmp .webp "
+               ".tif .tiff), a CSV/TSV or Parquet file (see --column), a text file with one path "
+               "per line (# comments allowed), or - for paths on standard input.\n\n"
+               "examples:\n  tensorstore-cache build data/images --out covers.tsc\n"
+               "  tensorstore-cache build books.csv --column img_path --out covers.tsc --workers 8",
+    )
+    p.add_argument("source", metavar="SOURCE", help="directory, CSV/Parquet table, path list, or -")
+    p.add_argument("--out", required=True, metavar="STORE", help="the store directory to create")
+    p.add_argument("--size", nargs=2, type=_positive_int, default=[32, 32], metavar=("H", "W"),
+                   help="output height and width in pixels (default: 32 32)")
+    p.add_argument("--dtype", choices=["float32", "uint8"], default="float32",
+                   help="float32 in [0, 1] as ToTensor() (default), or uint8 pixels (4x smaller)")
+    p.add_argument("--column", default="img_path", metavar="NAME",
+                   help="column of paths in a CSV/Parquet SOURCE (default: img_path)")
+    p.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                   help="worker processes (default: every core)")
+    p.add_argument("--on-error", choices=["raise", "skip"], default="raise",
+                   help="raise: build nothing if any image fails (default); skip: build the rest")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("info", help="describe a store", **sub_kw, description="Describe a store: entries, "
+                       "vector shape and type, loader and its parameters, size on disk.")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("verify", help="check every file against its recorded checksum", **sub_kw,
+                       description="Re-read every file of a store and compare its size and "
+                       "XXH3-128 with those recorded at build time. Exit status 1 if anything "
+                       "is missing, damaged or unexpected.")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress message")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("ls", help="list the caches of a cache directory", **sub_kw,
+                       description="List the caches made by tensorstore_cache.cached(): loader, "
+                       "vector shape, entries, size and when each was last used.")
+    p.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help="default: $TSC_CACHE_DIR, else ~/.cache/tensorstore_cache")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("gc", help="delete caches that are old or over a size budget",
+                       formatter_class=fmt,
+                       description="Delete leftovers of dead builds and superseded parts; with "
+                       "--older-than and --max-size, whole caches too (least recently used "
+                       "first). Caches being built are never touched; processes that have a "
+                       "cache open keep reading it.",
+                       epilog="example:\n  tensorstore-cache gc --older-than 30 --max-size 50G --dry-run")
+    p.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help="default: $TSC_CACHE_DIR, else ~/.cache/tensorstore_cache")
+    p.add_argument("--older-than", type=_days, default=None, metavar="DAYS",
+                   help="delete caches not used for this many days")
+    p.add_argument("--max-size", type=parse_size, default=None, metavar="SIZE",
+                   help="then delete least recently used caches until at most SIZE remain "
+                        "(e.g. 50G, 512M; powers of 1024)")
+    p.add_argument("--dry-run", action="store_true", help="only show what would be deleted")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("preview", help="draw a PNG contact sheet of vectors with their paths",
+                       formatter_class=fmt,
+                       description="Draw random (or given) entries as images, upscaled with "
+                       "nearest-neighbour, each captioned with its file name and directory: look "
+                       "at it to see that every vector is the right image.",
+                       epilog="examples:\n  tensorstore-cache preview covers.tsc --out grid.png\n"
+                       "  tensorstore-cache preview covers.tsc --out g.png --paths a.jpg b.jpg\n"
+                       "  tensorstore-cache preview covers.tsc --out g.png --paths @paths.txt")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--out", required=True, metavar="PNG", help="the PNG file to write")
+    p.add_argument("--n", type=_positive_int, default=64, help="random entries to draw (default: 64)")
+    p.add_argument("--paths", nargs="+", default=None, metavar="PATH",
+                   help="draw these entries, in this order, instead of random ones")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random choice")
+    p.add_argument("--scale", type=_positive_int, default=None,
+                   help="upscaling factor (default: tiles of about 96 px)")
+    p.add_argument("--columns", type=_positive_int, default=None, help="tiles per row")
+    p.set_defaults(func=cmd_preview)
+    return parser
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``tensorstore-cache`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UsageError as exc:
+        return _fail(str(exc), 2)
+    except BuildError as exc:  # the library's advice, in this command's words
+        return _fail(str(exc).replace("pass on_error='skip'", "pass --on-error skip"), 1)
+    except StoreExistsError as exc:
+        if args.command == "build":
+            return _fail(f"{args.out!r} already exists; use --overwrite to replace it", 1)
+        return _fail(str(exc), 1)
+    except StoreNotFoundError as exc:
+        store = getattr(args, "store", None)
+        if store is not None and not Path(store).exists():
+            return _fail(f"no store at {store!r} (build one with: {PROG} build SOURCE --out {store})", 1)
+        return _fail(str(exc), 1)
+    except KeyNotInStoreError as exc:
+        shown = ", ".join(repr(m) for m in exc.missing[:5])
+        more = f" and {len(exc.missing) - 5} more" if len(exc.missing) > 5 else ""
+        return _fail(f"{len(exc.missing)} path(s) not in the store: {shown}{more}", 1)
+    except BrokenPipeError:  # e.g. `tensorstore-cache info --json x | head`
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except (TensorStoreCacheError, OSError) as exc:
+        return _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130

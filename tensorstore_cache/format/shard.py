@@ -1,0 +1,184 @@
+"""Shard files: the zarr ``sharding_indexed`` layout, written and mapped.
+
+A shard holding ``m`` of at most ``S`` rows is the rows' raw little-endian
+C-order bytes, one inner chunk per row in row order, then the shard index:
+``S`` pairs of little-endian ``uint64`` ``(offset, nbytes)`` (``2**64 - 1``
+twice for a row past the end of the array), then the CRC32C of the index.
+The reader checks the file size, the index checksum and that every row sits
+where this layout puts it before handing out views; a shard whose rows lie
+elsewhere (written by another zarr writer) is still read, row by row.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import CorruptStoreError
+from ..fs.durable import write_replace
+from ..fs.safe import open_sized
+
+__all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "write_shard"]
+
+_EMPTY = np.uint64(2**64 - 1)
+
+
+def shard_file_size(rows: int, rows_per_shard: int, item_nbytes: int) -> int:
+    """Return the size in bytes of a dense shard holding ``rows`` rows."""
+    return rows * item_nbytes + 16 * rows_per_shard + 4
+
+
+def _index_bytes(rows: int, rows_per_shard: int, item_nbytes: int) -> bytes:
+    index = np.full((rows_per_shard, 2), _EMPTY, dtype="<u8")
+    index[:rows, 0] = np.arange(rows, dtype="<u8") * np.uint64(item_nbytes)
+    index[:rows, 1] = item_nbytes
+    raw = index.tobytes()
+    crc: int = google_crc32c.value(raw)
+    return raw + crc.to_bytes(4, "little")
+
+
+def write_shard(path: Path, block: npt.NDArray[np.generic], rows_per_shard: int) -> tuple[int, str]:
+    """Write the shard file ``path`` from ``block`` (rows x item), durably and atomically.
+
+    Written with :func:`~tensorstore_cache.fs.durable.write_replace`: a reader
+    or a retried task never finds a half-written file at ``path``, and
+    writing the same shard twice (a retried task) is safe. The parent
+    directory must exist (a late task of an abandoned build then fails
+    instead of recreating the build directory).
+
+    Parameters
+    ----------
+    path
+        Target file; an existing file there is replaced.
+    block
+        The shard's rows, shape ``(m, *item_shape)`` with ``m <= rows_per_shard``.
+    rows_per_shard
+        The array's shard length ``S``.
+
+    Returns
+    -------
+    size : int
+        Bytes written.
+    checksum : str
+        XXH3-128 of the file, hex.
+    """
+    data = np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<"))
+    rows = data.shape[0]
+    item_nbytes = data.nbytes // rows if rows else 0
+    tail = _index_bytes(rows, rows_per_shard, item_nbytes)
+    return write_replace(path, [data.reshape(-1).view(np.uint8).data, memoryview(tail)])
+
+
+@dataclass(frozen=True, slots=True)
+class MappedShard:
+    """A shard mapped copy-on-write.
+
+    Attributes
+    ----------
+    rows : numpy.ndarray or None
+        ``(m, *item_shape)`` view of every row when the shard is dense.
+    offsets : numpy.ndarray or None
+        Byte offset of every row when it is not (rows are then read one by one).
+    """
+
+    buffer: mmap.mmap | None
+    rows: npt.NDArray[np.generic] | None
+    offsets: npt.NDArray[np.int64] | None
+    dtype: np.dtype[np.generic]
+    item_shape: tuple[int, ...]
+
+    def row(self, i: int) -> npt.NDArray[np.generic]:
+        """Return row ``i`` as a view."""
+        if self.rows is not None:
+            view: npt.NDArray[np.generic] = self.rows[i]
+            return view
+        assert self.offsets is not None and self.buffer is not None
+        count = int(np.prod(self.item_shape))
+        flat = np.frombuffer(self.buffer, self.dtype, count, int(self.offsets[i]))
+        return flat.reshape(self.item_shape)
+
+
+def open_shard(
+    path: Path,
+    root: Path,
+    *,
+    rows: int,
+    rows_per_shard: int,
+    item_nbytes: int,
+    expected_size: int,
+    root_fd: int | None = None,
+) -> tuple[int, npt.NDArray[np.int64] | None]:
+    """Open a shard and check its size and index, reading only the index.
+
+    Returns
+    -------
+    fd : int
+        The open file (the caller closes it).
+    offsets : numpy.ndarray or None
+        ``None`` when the rows lie in layout order (the shard is dense), else
+        the byte offset of every row.
+
+    Raises
+    ------
+    CorruptStoreError
+        If the file has the wrong size, its index checksum fails, a row is
+        missing, or a row lies outside the data region.
+    """
+    fd = open_sized(path, root, expected_size, root_fd)
+    size = expected_size
+    try:
+        index_len = 16 * rows_per_shard + 4
+        if size < index_len:
+            raise CorruptStoreError(f"{path} is too small to hold a shard index", str(path))
+        start = size - index_len
+        tail = os.pread(fd, index_len, start)
+        raw, crc = tail[:-4], int.from_bytes(tail[-4:], "little")
+        if len(tail) != index_len or google_crc32c.value(raw) != crc:
+            raise CorruptStoreError(
+                f"{path}: shard index checksum mismatch; the file is damaged", str(path)
+            )
+        index = np.frombuffer(raw, dtype="<u8").reshape(rows_per_shard, 2)
+        off, nbytes = index[:rows, 0], index[:rows, 1]
+        if np.any(off == _EMPTY):
+            missing = int(np.flatnonzero(off == _EMPTY)[0])
+            raise CorruptStoreError(
+                f"{path}: row {missing} of this shard is missing (never written); the store "
+                "is incomplete - rebuild it",
+                str(path),
+            )
+        # off <= start - item_nbytes, written so that a hostile offset near 2**64 cannot wrap
+        if rows and (
+            start < item_nbytes
+            or np.any(nbytes != item_nbytes)
+            or np.any(off > start - item_nbytes)
+        ):
+            raise CorruptStoreError(f"{path}: shard index points outside the data", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    if np.array_equal(off, np.arange(rows, dtype="<u8") * np.uint64(item_nbytes)):
+        return fd, None
+    return fd, off.astype(np.int64)
+
+
+def map_shard_fd(
+    fd: int,
+    *,
+    rows: int,
+    offsets: npt.NDArray[np.int64] | None,
+    item_shape: tuple[int, ...],
+    dtype: np.dtype[np.generic],
+) -> MappedShard:
+    """Map a shard checked by :func:`open_shard` copy-on-write."""
+    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    if offsets is not None:
+        return MappedShard(buf, None, offsets, dtype, item_shape)
+    count = rows * int(np.prod(item_shape))
+    view = np.frombuffer(buf, dtype, count).reshape((rows, *item_shape))
+    return MappedShard(buf, view, None, dtype, item_shape)

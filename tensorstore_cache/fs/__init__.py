@@ -1,0 +1,1 @@
+"""Files: safe opening, bounded JSON, durable writes and renames, temporary directories, locks."""

@@ -1,0 +1,1 @@
+"""Reading a store: mapped segments, their overlay, and the :class:`CacheStore` handle."""

@@ -1,0 +1,206 @@
+"""Live rows of a store made of segments, later ones overriding earlier ones; key lookups.
+
+A cache namespace is a list of immutable parts; when a later part holds a key
+an earlier part also holds (the source changed and was recomputed), the later
+entry wins and the earlier row is *dead*. :class:`Overlay` numbers the live
+rows ``0 .. n-1``, segment after segment, each in its own row order, and maps
+between those numbers and ``(segment, local row)``. A store of one segment is
+the trivial overlay: every row is live and store rows are its local rows.
+
+Computing the dead rows costs one vectorised ``searchsorted`` of every
+segment's sorted key hashes in every later segment's, plus a byte comparison
+of the (few) hash matches: ``O(N log N)`` numpy work, done once, lazily (never
+for one segment).
+
+The key lookups of a store live here, once: :meth:`Overlay.find` for one key
+and :meth:`Overlay.find_many` for many, newest segment first.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from ..format.keys import hash_encoded
+from .segment import Segment
+
+__all__ = ["Overlay", "overridden_rows"]
+
+
+def overridden_rows(seg: Segment, later: Segment) -> npt.NDArray[np.int64]:
+    """Return the local rows of ``seg`` whose key ``later`` also holds."""
+    if seg.n == 0 or later.n == 0:
+        return np.empty(0, np.int64)
+    pos = np.minimum(np.searchsorted(later.key_hash, seg.key_hash), later.n - 1)
+    cand = np.flatnonzero(later.key_hash[pos] == seg.key_hash)
+    if len(cand) == 0:
+        return np.empty(0, np.int64)
+    rows = seg.key_row[cand].astype(np.int64)
+    encoded = [seg.key_at(r) for r in rows.tolist()]
+    found = later.find_many(encoded, seg.key_hash[cand].astype(np.uint64, copy=False))
+    return rows[found >= 0]
+
+
+class Overlay:
+    """Numbering of the live rows of ``segments`` (later segments win), and key lookups.
+
+    Parameters
+    ----------
+    segments
+        Oldest first.
+    """
+
+    def __init__(self, segments: Sequence[Segment]) -> None:
+        self.segments = tuple(segments)
+        self._done = False
+        self._live: list[npt.NDArray[np.int64] | None] = [None] * len(self.segments)
+        self._rank: list[npt.NDArray[np.int64] | None] = [None] * len(self.segments)
+        self._offsets = np.cumsum([0, *(seg.n for seg in self.segments)], dtype=np.int64)
+        self._starts: list[int] = self._offsets.tolist()
+        if len(self.segments) <= 1:
+            self._done = True  # one segment: nothing overrides anything
+
+    def _compute(self) -> None:
+        if self._done:
+            return
+        live: list[npt.NDArray[np.int64] | None] = []
+        rank: list[npt.NDArray[np.int64] | None] = []
+        counts = []
+        for k, seg in enumerate(self.segments):
+            dead: npt.NDArray[np.bool_] | None = None
+            for later in self.segments[k + 1 :]:
+                hit = overridden_rows(seg, later)
+                if len(hit):
+                    if dead is None:
+                        dead = np.zeros(seg.n, bool)
+                    dead[hit] = True
+            if dead is None:
+                live.append(None)
+                rank.append(None)
+                counts.append(seg.n)
+            else:
+                alive = ~dead
+                live.append(np.flatnonzero(alive).astype(np.int64))
+                rank.append(np.cumsum(alive, dtype=np.int64) - 1)
+                counts.append(int(alive.sum()))
+        self._live, self._rank = live, rank
+        self._offsets = np.cumsum([0, *counts], dtype=np.int64)
+        self._starts = self._offsets.tolist()
+        self._done = True
+
+    # -- numbering ------------------------------------------------------------
+
+    @property
+    def n(self) -> int:
+        """Number of live rows (distinct keys)."""
+        self._compute()
+        return self._starts[-1]
+
+    @property
+    def total_rows(self) -> int:
+        """Rows stored in all segments, dead ones included."""
+        return sum(seg.n for seg in self.segments)
+
+    @property
+    def dead_rows(self) -> int:
+        """Rows overridden by a later segment."""
+        return self.total_rows - self.n
+
+    def live_rows(self, k: int) -> npt.NDArray[np.int64]:
+        """Return the live local rows of segment ``k``, ascending."""
+        self._compute()
+        live = self._live[k]
+        return np.arange(self.segments[k].n, dtype=np.int64) if live is None else live
+
+    def to_global(self, k: int, local: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Map live local rows of segment ``k`` to store rows."""
+        self._compute()
+        rank = self._rank[k]
+        mapped = local if rank is None else rank[local]
+        return mapped + self._starts[k] if self._starts[k] else mapped
+
+    def one_to_global(self, k: int, local: int) -> int:
+        """Map one live local row of segment ``k`` to its store row."""
+        self._compute()
+        rank = self._rank[k]
+        return self._starts[k] + (local if rank is None else int(rank[local]))
+
+    def locate(
+        self, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
+        """Map valid store rows to ``(segment index, local row)`` arrays."""
+        self._compute()
+        if len(self.segments) == 1:
+            return np.zeros(len(rows), np.intp), rows
+        seg_of = np.searchsorted(self._offsets, rows, side="right") - 1
+        local = rows - self._offsets[seg_of]
+        for k in np.unique(seg_of).tolist():
+            live = self._live[k]
+            if live is not None:
+                sel = seg_of == k
+                local[sel] = live[local[sel]]
+        return seg_of, local
+
+    def locate_one(self, row: int) -> tuple[int, int]:
+        """Map one valid store row to ``(segment index, local row)``."""
+        self._compute()
+        k = bisect.bisect_right(self._starts, row) - 1
+        local = row - self._starts[k]
+        live = self._live[k]
+        return k, local if live is None else int(live[local])
+
+    def paths(self) -> list[str]:
+        """Every live key, in store row order."""
+        self._compute()
+        out: list[str] = []
+        for k, seg in enumerate(self.segments):
+            keys = seg.key_list()
+            live = self._live[k]
+            out.extend(keys if live is None else [keys[i] for i in live.tolist()])
+        return out
+
+    # -- lookups ----------------------------------------------------------------
+
+    def find(self, key: str) -> tuple[int, int]:
+        """Return ``(segment index, local row)`` of a normalised key, ``(-1, -1)`` if absent."""
+        encoded = key.encode("utf-8", "surrogateescape")
+        h = xxhash.xxh3_64_intdigest(encoded)
+        segments = self.segments
+        for k in range(len(segments) - 1, -1, -1):  # the newest segment wins
+            row = segments[k].find(encoded, h)
+            if row >= 0:
+                return k, row
+        return -1, -1
+
+    def find_many(self, encoded: Sequence[bytes]) -> npt.NDArray[np.int64]:
+        """Return the store row of every encoded key, -1 where absent."""
+        hashes = hash_encoded(encoded)
+        out = np.full(len(encoded), -1, dtype=np.int64)
+        segments = self.segments
+        for k in range(len(segments) - 1, -1, -1):  # the newest segment wins
+            todo = np.flatnonzero(out < 0)
+            if len(todo) == 0:
+                break
+            if len(todo) == len(out):
+                found = segments[k].find_many(encoded, hashes)
+            else:
+                found = segments[k].find_many([encoded[i] for i in todo.tolist()], hashes[todo])
+            hit = found >= 0
+            out[todo[hit]] = self.to_global(k, found[hit])
+        return out
+
+    def gather(self, rows: npt.NDArray[np.int64], out: npt.NDArray[np.generic]) -> None:
+        """Copy the vectors of valid store ``rows`` into ``out`` in order."""
+        if len(self.segments) == 1:
+            self.segments[0].gather(rows, out)
+            return
+        seg_of, local = self.locate(rows)
+        for k in np.unique(seg_of).tolist():
+            sel = np.flatnonzero(seg_of == k)
+            part = np.empty((len(sel), *out.shape[1:]), dtype=out.dtype)
+            self.segments[k].gather(local[sel], part)
+            out[sel] = part

@@ -1,0 +1,83 @@
+"""URLs of remote stores and the node-local directory their copies go to.
+
+A store at an fsspec URL (``s3://``, ``gs://``, ``memory://``, ...) is copied
+once per node and per version into ``<cache_dir>/remote/<name>-<hash of
+URL>/<XXH3-128 of its group zarr.json>/`` and mapped from there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .. import config
+
+__all__ = [
+    "file_url_path",
+    "filesystem",
+    "is_url",
+    "node_dir",
+    "remote_cache_root",
+    "url_dir",
+    "version_name",
+]
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(path, str) and _SCHEME.match(path) is not None
+
+
+def file_url_path(url: str) -> Path | None:
+    """Return the local path of a ``file://`` URL, ``None`` for any other URL."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme.lower() != "file":
+        return None
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"{url!r} names a file on host {parsed.netloc!r}; use a local path")
+    return Path(urllib.parse.unquote(parsed.path))
+
+
+def remote_cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the directory under which remote stores are copied (``<cache_dir>/remote``)."""
+    if cache_dir is None:
+        return config.default_cache_dir() / "remote"
+    return Path(os.fspath(cache_dir)).expanduser() / "remote"
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """Return the fsspec filesystem of ``url`` and the store's path on it."""
+    try:
+        import fsspec.core
+    except ImportError:  # pragma: no cover - fsspec is installed with the remote extra
+        raise ImportError(
+            f"opening {url!r} needs fsspec (and the filesystem's package, e.g. s3fs): "
+            "pip install 'tensorstore_cache[remote]'"
+        ) from None
+    fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    return fs, str(root).rstrip("/")
+
+
+def url_dir(url: str) -> str:
+    """Cache directory name of a URL: a readable tail plus the hash of the whole URL."""
+    canonical = url.rstrip("/")
+    tail = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rsplit("/", 1)[-1])[:48] or "store"
+    return f"{tail}-{xxhash.xxh3_64_hexdigest(canonical.encode())}"
+
+
+def node_dir(url: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the directory of this node's copies of the store at ``url`` (not created)."""
+    return remote_cache_root(cache_dir) / url_dir(url)
+
+
+def version_name(group: bytes) -> str:
+    """Name of the copy of one version of a store: the XXH3-128 of its group ``zarr.json``."""
+    return xxhash.xxh3_128_hexdigest(group)

@@ -1,0 +1,231 @@
+"""Assembling a store in a hidden directory, then publishing it with one rename.
+
+Every store is written the same way, whether a build computed its vectors, a
+skip-mode build drops the rows that failed, or a cache compaction merges
+parts: shard files (:func:`write_shard_file`, the one place that creates a
+shard's directories and fsyncs them), then the index and the array metadata
+(:func:`finish_store`), then the group metadata last and the rename
+(:func:`publish`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from ..errors import BuildError, CorruptStoreError, StoreExistsError
+from ..format.keys import encode_key, hash_encoded
+from ..format.metadata import (
+    GROUP,
+    INDEX_ARRAYS,
+    VECTORS,
+    GroupMetadata,
+    index_array_metadata,
+    shard_count,
+    shard_key,
+    vectors_metadata,
+)
+from ..format.shard import write_shard
+from ..format.spec import StoreSpec
+from ..fs.durable import (
+    exchange_dirs,
+    file_digest,
+    fsync_dir,
+    fsync_dirs,
+    io_step,
+    write_bytes_durable,
+    write_json_durable,
+)
+
+__all__ = ["finish_store", "publish", "rewrite_rows", "write_index", "write_shard_file"]
+
+#: File entries of a store being written: store-relative path -> (size, xxh3-128 hex).
+Files = dict[str, tuple[int, str]]
+
+
+def write_shard_file(
+    root: Path, rel: str, block: npt.NDArray[np.generic], rows_per_shard: int
+) -> tuple[int, str]:
+    """Write shard ``rel`` of the store being assembled in ``root``, durably.
+
+    Creates the shard's directories below ``root/vectors`` only (which must
+    exist: a late or retried task of an abandoned build fails instead of
+    recreating it), writes the file atomically (a retried task overwrites
+    what a killed attempt left), then fsyncs every directory up to
+    ``vectors``.
+
+    Returns
+    -------
+    tuple of (int, str)
+        The file's size and XXH3-128.
+    """
+    base = root / VECTORS
+    path = root / rel
+    d = base
+    for part in Path(rel).parts[1:-1]:  # "c", shard number, "0"...
+        d = d / part
+        io_step("mkdir")
+        d.mkdir(exist_ok=True)
+    entry = write_shard(path, block, rows_per_shard)
+    fsync_dirs(path.parent, base)
+    return entry
+
+
+def rewrite_rows(
+    root: Path, spec: StoreSpec, read: Callable[[npt.NDArray[np.int64]], npt.NDArray[Any]]
+) -> Files:
+    """Write every shard of ``spec`` into ``root`` from existing rows; return their entries.
+
+    Parameters
+    ----------
+    root
+        The store being assembled (``root/vectors`` must exist).
+    spec
+        The new store's spec (``n`` rows in shards of ``rows_per_shard``).
+    read
+        Returns the vectors of new rows ``rows`` (an ascending run), e.g. a
+        gather from the mapped files of other stores.
+    """
+    s = spec.rows_per_shard
+    files: Files = {}
+    for k in range(shard_count(spec)):
+        rows = np.arange(k * s, min(spec.n, (k + 1) * s), dtype=np.int64)
+        rel = shard_key(spec, k)
+        files[rel] = write_shard_file(root, rel, read(rows), s)
+    return files
+
+
+def write_index(
+    root: Path, keys: list[str], sizes: npt.NDArray[np.int64], mtimes: npt.NDArray[np.int64]
+) -> tuple[Files, int]:
+    """Write the index arrays and their metadata into ``root``.
+
+    Returns
+    -------
+    files : dict
+        Their file entries.
+    key_bytes_len : int
+        Length of the ``key_bytes`` array.
+    """
+    encoded = [encode_key(k) for k in keys]
+    hashes = hash_encoded(encoded)
+    order = np.argsort(hashes, kind="stable")
+    lengths = np.fromiter((len(e) for e in encoded), dtype=np.uint64, count=len(encoded))
+    offsets = np.zeros(len(keys) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=offsets[1:])
+    arrays: dict[str, npt.NDArray[Any]] = {
+        "key_hash": hashes[order],
+        "key_row": order.astype(np.int64),
+        "key_offsets": offsets,
+        "key_bytes": np.frombuffer(b"".join(encoded), dtype=np.uint8),
+        "source_size": sizes,
+        "source_mtime_ns": mtimes,
+    }
+    files: Files = {}
+    for name, dtype in INDEX_ARRAYS.items():
+        data = np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<"))
+        io_step("mkdir")
+        (root / name).mkdir()
+        write_json_durable(root / name / GROUP, index_array_metadata(name, len(data)))
+        files[f"{name}/{GROUP}"] = file_digest(root / name / GROUP)
+        if len(data):
+            io_step("mkdir")
+            (root / name / "c").mkdir()
+            raw = data.tobytes()
+            write_bytes_durable(root / name / "c" / "0", raw)
+            files[f"{name}/c/0"] = (len(raw), xxhash.xxh3_128_hexdigest(raw))
+            fsync_dir(root / name / "c")
+        fsync_dir(root / name)
+    return files, int(arrays["key_bytes"].nbytes)
+
+
+def finish_store(
+    tmp: Path,
+    spec: StoreSpec,
+    files: Files,
+    *,
+    keys: list[str],
+    sizes: npt.NDArray[np.int64],
+    mtimes: npt.NDArray[np.int64],
+) -> GroupMetadata:
+    """Write the vectors' metadata and the index beside written shards.
+
+    Parameters
+    ----------
+    tmp
+        The unpublished store directory, its shards written and fsynced.
+    spec
+        The store's spec.
+    files
+        File entries of the shards.
+    keys, sizes, mtimes
+        Every key in row order, and its source's identity.
+
+    Returns
+    -------
+    GroupMetadata
+        The group metadata to publish with :func:`publish`.
+    """
+    every = dict(files)
+    write_json_durable(tmp / VECTORS / GROUP, vectors_metadata(spec))
+    every[f"{VECTORS}/{GROUP}"] = file_digest(tmp / VECTORS / GROUP)
+    if (tmp / VECTORS / "c").exists():
+        fsync_dir(tmp / VECTORS / "c")
+    fsync_dir(tmp / VECTORS)
+    index_files, key_bytes_len = write_index(tmp, keys, sizes, mtimes)
+    every.update(index_files)
+    return GroupMetadata(spec, every, key_bytes_len)
+
+
+def publish(tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool) -> None:
+    """Write the group metadata last, then publish ``tmp`` as ``target`` with one rename.
+
+    Raises
+    ------
+    BuildError
+        If the finished store fails the checks every reader applies (nothing
+        is published).
+    StoreExistsError
+        If ``target`` appeared meanwhile and ``overwrite`` is false.
+    """
+    meta.write(tmp)
+    try:  # publish only what readers accept (e.g. not metadata past their size caps)
+        GroupMetadata.read(tmp)
+    except CorruptStoreError as exc:
+        raise BuildError(
+            f"the finished store fails the checks every reader applies, so nothing was "
+            f"published at {str(target)!r}: {exc}"
+        ) from exc
+    old: Path | None = None
+    if overwrite and (target.exists() or target.is_symlink()):
+        # one atomic swap where the system has it: readers see the old or the new store
+        io_step("rename")
+        if exchange_dirs(tmp, target):
+            fsync_dir(target.parent)
+            if tmp.is_symlink():
+                tmp.unlink()
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        # named like a build directory, so collect_debris removes it if we die here
+        old = tmp.with_name(tmp.name + ".old")
+        io_step("rename")
+        target.rename(old)
+    try:
+        io_step("rename")
+        tmp.rename(target)
+    except OSError as exc:
+        if old is not None:
+            old.rename(target)
+        raise StoreExistsError(
+            f"{str(target)!r} appeared while building ({exc}); another process published it "
+            "first - open it with tensorstore_cache.open_store"
+        ) from None
+    fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,307 @@
+"""A build's own pool of worker processes, safe wherever the caller's code runs.
+
+Workers are started by loky from a clean interpreter (``fork`` immediately
+followed by ``exec``: the caller's process, which may run threads, is never
+forked, and its ``__main__`` never runs again, so a script without a main
+guard, code read from stdin or ``-c`` and a notebook all work). The loader
+travels once per worker, through the pool's initializer, pickled with
+cloudpickle: by reference when it can be imported by name, by value
+otherwise (a function of ``__main__`` or of a notebook cell, a lambda, a
+closure, a :func:`functools.partial` of a local function). Each worker
+
+* ignores SIGINT: a terminal's Ctrl-C reaches the whole process group, and
+  the builder, which handles it, kills its workers (:meth:`BuildPool.abort`);
+* exits as soon as its builder dies (``SIGKILL``, ``SIGTERM``, out of memory),
+  instead of computing on for nobody;
+* inherits ``TSC_BUILDING`` (:mod:`.reentry`), so that nothing it runs can
+  wait for the lock its builder holds;
+* writes the shard it is building into a status file named by its pid, so
+  that the builder can name that shard and its first source if the worker
+  dies.
+
+A build owns its pool (its initializer carries the build's loader); the
+pool ends with the build, and is killed, not waited for, when the build is
+interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import shutil
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import BrokenExecutor, Future
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError
+from ..loaders import Loader
+from .reentry import worker_environment
+from .tasks import ShardResult, ShardTask, run_shard
+
+__all__ = ["BuildPool", "WorkerStartError", "ship_loader"]
+
+#: Directory of a build (beside ``vectors/``) where the workers say which shard they build.
+STATUS_DIR = ".tsc-workers"
+#: How often a worker checks that its builder is alive (seconds).
+PARENT_POLL_S = 0.1
+#: How long :meth:`BuildPool.abort` waits for a killed worker to be reaped (seconds).
+KILL_WAIT_S = 5.0
+
+
+class WorkerStartError(BrokenExecutor):
+    """A pool's worker could not load the build's loader (raised by its tasks)."""
+
+
+def ship_loader(loader: Loader) -> bytes:
+    """Pickle ``loader`` for the workers: by reference if importable by name, else by value.
+
+    Raises
+    ------
+    TypeError
+        If the loader cannot be pickled at all (it holds a lock, an open
+        connection, ...).
+    """
+    import cloudpickle
+
+    try:
+        payload: bytes = cloudpickle.dumps(loader)
+    except Exception as exc:
+        raise TypeError(
+            f"the loader {loader!r} cannot be sent to worker processes ({type(exc).__name__}: "
+            f"{exc}); make it picklable (open files, connections or models inside the call, or "
+            "lazily on first use, rather than holding them), or pass workers=1"
+        ) from None
+    return payload
+
+
+# -- in a worker ---------------------------------------------------------------------
+
+_loader: Loader | None = None
+_start_error: str | None = None
+_status_fd: int | None = None
+
+
+def _exit_with_parent(builder: int) -> None:
+    """In a pool worker: exit as soon as the building process dies.
+
+    A worker blocks on the task queue, whose write end every worker also
+    holds, so it would never see the builder vanish (``SIGKILL``,
+    ``SIGTERM``, out of memory) and would linger, or compute on, forever. A
+    daemon thread watches for the worker being orphaned instead; whatever it
+    was writing lies in the dead build's directory, which ``collect_debris``
+    removes. ``builder`` is the pid of the building process, given by it: a
+    worker whose builder died while it started is already an orphan here.
+    """
+
+    def watch() -> None:
+        while os.getppid() == builder:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tsc-exit-with-parent", daemon=True).start()
+
+
+def _bootstrap(payload: bytes, status_dir: str, builder: int) -> None:
+    """The pool's initializer: run once in every worker before its first task."""
+    global _loader, _start_error, _status_fd
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(builder)
+    with contextlib.suppress(OSError):
+        _status_fd = os.open(
+            os.path.join(status_dir, str(os.getpid())), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+        )
+    try:
+        _loader = pickle.loads(payload)
+    except BaseException as exc:  # reported by every task of this worker
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__)
+            if f.filename != __file__ and not f.filename.startswith("<frozen ")
+        ]
+        where = "".join(traceback.format_list(frames[-3:])).rstrip()
+        _start_error = f"{type(exc).__name__}: {exc}" + (f"\n{where}" if where else "")
+
+
+def _status(rel: str) -> None:
+    if _status_fd is None:
+        return
+    data = rel.encode()
+    with contextlib.suppress(OSError):
+        os.ftruncate(_status_fd, len(data))
+        os.pwrite(_status_fd, data, 0)
+
+
+def _run_pooled(task: ShardTask) -> ShardResult:
+    """Run one shard task with the loader this worker received when it started."""
+    if _start_error is not None:
+        raise WorkerStartError(_start_error)
+    _status(task.rel)
+    result = run_shard(task, _loader)
+    _status("")
+    return result
+
+
+# -- in the builder ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C (in the main thread) until the block is done, then deliver it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    received: list[int] = []
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)
+
+
+def _started_processes_context() -> Any:
+    """loky's start method, remembering every process it starts (for their exit codes)."""
+    from loky.backend.context import LokyContext
+    from loky.backend.process import LokyProcess
+
+    class Context(LokyContext):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: list[Any] = []
+
+        def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - multiprocessing's name
+            process = LokyProcess(*args, **kwargs)
+            self.started.append(process)
+            return process
+
+    return Context()
+
+
+def _fate(code: int | None) -> str:
+    if code is None:
+        return "died"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            return f"died by signal {-code}"
+        return f"died by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+class BuildPool:
+    """``size`` worker processes that build shards with ``loader``.
+
+    Parameters
+    ----------
+    size
+        Number of worker processes.
+    loader
+        The build's loader, sent to every worker once.
+    build_dir
+        The build's temporary directory, where :data:`STATUS_DIR` holds the
+        workers' status files until :meth:`close` or :meth:`abort`.
+    """
+
+    def __init__(self, size: int, loader: Loader, build_dir: Path) -> None:
+        from loky import ProcessPoolExecutor
+
+        payload = ship_loader(loader)
+        status_dir = build_dir / STATUS_DIR
+        status_dir.mkdir()
+        self._status_dir = status_dir
+        self._context = _started_processes_context()
+        self._executor = ProcessPoolExecutor(
+            max_workers=size, context=self._context, initializer=_bootstrap,
+            initargs=(payload, str(status_dir), os.getpid()), env=worker_environment(),
+        )
+
+    def submit(self, task: ShardTask) -> Future[ShardResult]:
+        """Queue ``task`` (its loader is left out: the workers have theirs)."""
+        future: Future[ShardResult] = self._executor.submit(
+            _run_pooled, dataclasses.replace(task, loader=None)
+        )
+        return future
+
+    def close(self) -> None:
+        """Let the workers finish and exit (after every task is done)."""
+        self._executor.shutdown(wait=True)
+        shutil.rmtree(self._status_dir, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Kill every worker at once (running shards are abandoned) and reap them."""
+        with _interrupts_deferred():
+            self._executor.shutdown(wait=True, kill_workers=True)
+            for process in self._context.started:
+                if process.pid is None:
+                    continue
+                if process.exitcode is None:  # our unreaped child: its pid is not reused
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signal.SIGKILL)
+                process.join(KILL_WAIT_S)
+            shutil.rmtree(self._status_dir, ignore_errors=True)
+
+    def _building(self, pid: int) -> str:
+        try:
+            return (self._status_dir / str(pid)).read_text()
+        except OSError:
+            return ""
+
+    def explain(self, exc: BaseException, left: list[ShardTask]) -> BaseException:
+        """The :class:`BuildError` of a pool that broke (given the unfinished tasks)."""
+        if isinstance(exc, WorkerStartError):
+            return BuildError(
+                "the build's worker processes could not load the loader, so nothing was "
+                f"published: {exc}\nA loader that can be imported by name is sent to the "
+                "workers by reference: its module must import in a fresh Python process "
+                "(installed, or on sys.path) and must not fail or build at import. "
+                "Fix that, or pass workers=1 to build in this process."
+            )
+        by_rel = {t.rel: t for t in left}
+        dead = []
+        for process in self._context.started:
+            if process.pid is None:
+                continue
+            process.join(KILL_WAIT_S)  # loky has killed the others: their codes are final
+            rel = self._building(process.pid)
+            dead.append((process.pid, process.exitcode, rel))
+        busy = [(pid, code, rel) for pid, code, rel in dead if rel]
+        # loky kills the remaining workers with SIGKILL once one died: another
+        # fate singles out the worker that died first
+        odd = [d for d in busy if d[1] != -signal.SIGKILL]
+        if len(odd) == 1 or len(busy) == 1:
+            (pid, code, rel), = odd if len(odd) == 1 else busy
+            what = f"the worker process (pid {pid}) building {self._shard(rel, by_rel)} {_fate(code)}"
+        elif busy:
+            codes = sorted({_fate(code) for _pid, code, _rel in busy})
+            shards = "; ".join(self._shard(rel, by_rel) for _pid, _code, rel in busy)
+            what = (f"a worker process {' or '.join(codes)} while the workers were building: "
+                    f"{shards}")
+        else:
+            fates = ", ".join(f"pid {pid} {_fate(code)}" for pid, code, _rel in dead) or "-"
+            what = f"a worker process died before it took a shard ({fates}): {exc}"
+        return BuildError(
+            f"{what}; nothing was published. A signal such as SIGSEGV or SIGABRT means the "
+            "loader crashed the interpreter on a source of that shard (build it with workers=1 "
+            "to find which); SIGKILL usually means the system ran out of memory (use fewer "
+            "workers) or someone killed the process."
+        )
+
+    @staticmethod
+    def _shard(rel: str, by_rel: dict[str, ShardTask]) -> str:
+        task = by_rel.get(rel)
+        if task is None or not task.keys:
+            return f"shard {rel}"
+        return f"shard {rel} ({len(task.keys)} sources from {task.keys[0]!r})"

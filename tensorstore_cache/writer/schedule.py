@@ -1,0 +1,159 @@
+"""Running a build's shard tasks: on a given executor, or on the build's own pool.
+
+With no executor, ``workers`` processes work: this one and a
+:class:`~.pool.BuildPool` of ``workers - 1``, which receives the loader once
+per worker rather than in every task; the building process takes tasks too,
+from the other end of the queue, so no core idles while the pool's
+interpreters start.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..errors import BuildError
+from .pool import BuildPool
+from .tasks import ShardResult, ShardTask, run_shard
+
+__all__ = ["run_tasks"]
+
+logger = logging.getLogger("tensorstore_cache")
+
+
+def run_tasks(
+    tasks: list[ShardTask],
+    *,
+    workers: int,
+    progress: bool,
+    executor: Executor | None,
+    target: Path,
+    n: int,
+) -> dict[str, ShardResult]:
+    """Run every task and return the results by shard path.
+
+    With no ``executor``, ``workers`` processes work: this one and a
+    :class:`~.pool.BuildPool` of ``workers - 1``. A given ``executor``
+    runs every task itself. ``progress`` shows a bar of the ``n`` items of
+    the build of ``target``.
+    """
+    bar = tqdm(
+        total=n, unit="item", desc=f"building {target.name}", disable=not progress, smoothing=0.1
+    )
+    try:
+        if executor is not None:
+            given = executor
+
+            def submit(task: ShardTask) -> Future[ShardResult]:
+                return given.submit(run_shard, task)
+
+            return _collect(submit, tasks, bar, pool_size=len(tasks), local=False,
+                            broken=_broken_executor)
+        if workers > 1 and len(tasks) > 1 and multiprocessing.current_process().daemon:
+            logger.warning(
+                "tensorstore_cache: building %s in this process (workers=1): a daemonic process "
+                "(a DataLoader or multiprocessing pool worker) cannot start worker processes",
+                target.name,
+            )
+            workers = 1
+        if workers == 1 or len(tasks) <= 1:
+            results: dict[str, ShardResult] = {}
+            for task in tasks:
+                results[task.rel] = run_shard(task)
+                bar.update(len(task.keys))
+            return results
+        size = min(workers - 1, len(tasks) - 1)
+        loader = tasks[0].loader
+        assert loader is not None
+        pool = BuildPool(size, loader, Path(tasks[0].root))
+        try:
+            results = _collect(pool.submit, tasks, bar, pool_size=size, local=True,
+                               broken=pool.explain)
+        except BaseException:
+            pool.abort()
+            raise
+        pool.close()
+        return results
+    finally:
+        bar.close()
+
+
+def _broken_executor(exc: BaseException, left: list[ShardTask]) -> BaseException:
+    """The error of a build whose given executor broke (a worker died)."""
+    return BuildError(
+        f"a worker process died abruptly (killed by a signal, out of memory, or a crash "
+        f"in native code) with {len(left)} shard(s) unfinished (e.g. {[t.rel for t in left[:3]]}); "
+        "nothing was published. Build again; if it keeps failing, build with workers=1 to "
+        "find the source that crashes the loader."
+    )
+
+
+def _collect(
+    submit: Callable[[ShardTask], Future[ShardResult]],
+    tasks: list[ShardTask],
+    bar: Any,
+    *,
+    pool_size: int,
+    local: bool,
+    broken: Callable[[BaseException, list[ShardTask]], BaseException],
+) -> dict[str, ShardResult]:
+    """Feed the pool from the front of the queue; with ``local``, work from its back.
+
+    ``submit`` hands a task to the pool; ``broken`` turns the
+    :class:`~concurrent.futures.BrokenExecutor` of a pool that broke (a
+    worker died, or could not start) into the error to raise, given the
+    unfinished tasks.
+    """
+    pending = deque(tasks)
+    inflight: dict[Future[ShardResult], ShardTask] = {}
+    results: dict[str, ShardResult] = {}
+
+    def refill() -> None:
+        # one queued task per pool process beyond the running ones keeps it busy
+        while pending and len(inflight) < 2 * pool_size:
+            task = pending.popleft()
+            inflight[submit(task)] = task
+
+    def harvest(done: set[Future[ShardResult]]) -> None:
+        for fut in done:
+            task = inflight.pop(fut)
+            try:
+                results[task.rel] = fut.result()
+            except BrokenExecutor:  # the pool broke: no shard's own error
+                raise
+            except Exception as exc:
+                first = task.keys[0] if task.keys else "-"
+                exc.add_note(
+                    f"while building shard {task.rel} ({len(task.keys)} sources from {first!r})"
+                )
+                raise
+            bar.update(len(task.keys))
+
+    try:
+        refill()
+        while pending or inflight:
+            if local and pending:
+                task = pending.pop()
+                results[task.rel] = run_shard(task)
+                bar.update(len(task.keys))
+                harvest({f for f in inflight if f.done()})
+            else:
+                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                harvest(done)
+            refill()
+    except BrokenExecutor as exc:
+        for fut in inflight:
+            fut.cancel()
+        raise broken(exc, [t for t in tasks if t.rel not in results]) from exc
+    except BaseException:
+        for fut in inflight:
+            fut.cancel()
+        raise
+    return results

@@ -1,0 +1,165 @@
+"""Layer 4, reader: lookups (one place), the trivial overlay, the store's interface, shards on demand."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+
+import tensorstore_cache as tsc
+from tensorstore_cache.format.metadata import shard_count, shard_key
+from tensorstore_cache.reader.overlay import Overlay
+from tensorstore_cache.reader.segment import Segment, same_bytes
+from tensorstore_cache.reader.store import CacheStore, open_directory
+
+
+def _vec(path: str) -> Any:
+    return np.full(8, int(path.rsplit("k", 1)[1]), np.float32)
+
+
+def _build(root: Path, keys: list[str]) -> Path:
+    tsc.build_store(keys, root, loader=_vec, loader_id="vec/1", workers=1, progress=False).close()
+    return root
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 1000])
+def test_single_and_bulk_lookups_agree_with_a_dict(tmp_path: Path, n: int) -> None:
+    keys = [f"d/{i % 7}/k{i}" for i in range(n)]
+    seg = Segment(_build(tmp_path / "s.tsc", keys))
+    try:
+        encoded = [k.encode() for k in [*keys, "absent", "d/0/k"]]
+        hashes = np.array([xxhash.xxh3_64_intdigest(e) for e in encoded], np.uint64)
+        want = [*range(n), -1, -1]
+        assert [seg.find(e, int(h)) for e, h in zip(encoded, hashes, strict=True)] == want
+        assert seg.find_many(encoded, hashes).tolist() == want
+        # a hash that is stored with other bytes is not a hit (the bytes are compared)
+        assert seg.find(b"not-this", int(hashes[0])) == -1
+        assert seg.find_many([b"not-this"], hashes[:1]).tolist() == [-1]
+    finally:
+        seg.close()
+
+
+def test_same_bytes_compares_lengths_and_every_byte() -> None:
+    stored = np.frombuffer(b"abcXYZhello", np.uint8)
+    starts = np.array([0, 3, 6, 6, 0], np.uint64)
+    stops = np.array([3, 6, 11, 10, 0], np.uint64)
+    keys = [b"abc", b"XYz", b"hello", b"hello", b""]
+    assert same_bytes(stored, starts, stops, keys).tolist() == [True, False, True, False, True]
+    assert same_bytes(stored, starts[:1], stops[:1], [b"ab"]).tolist() == [False]
+
+
+def test_one_segment_is_the_trivial_overlay(tmp_path: Path) -> None:
+    seg = Segment(_build(tmp_path / "s.tsc", [f"k{i}" for i in range(50)]))
+    overlay = Overlay([seg])
+    rows = np.array([5, 0, 49], np.int64)
+    seg_of, local = overlay.locate(rows)
+    assert seg_of.tolist() == [0, 0, 0] and local is rows
+    assert overlay.locate_one(7) == (0, 7) and overlay.n == 50 and overlay.dead_rows == 0
+    assert overlay.find("k9") == (0, 9) and overlay.find("k99") == (-1, -1)
+    seg.close()
+
+
+def test_later_segments_win_and_rows_number_live_entries(tmp_path: Path) -> None:
+    old = Segment(_build(tmp_path / "a.tsc", ["k1", "k2", "k3"]))
+    new = Segment(_build(tmp_path / "b.tsc", ["k2", "k4"]))
+    store = CacheStore([old, new], old.spec, str(tmp_path))
+    assert len(store) == 4 and store.paths == ["k1", "k3", "k2", "k4"]
+    assert store.rows(["k2", "k1", "k4"]).tolist() == [2, 0, 3]
+    seg_of, local = store.locate(np.array([0, 1, 2, 3], np.int64))
+    assert seg_of.tolist() == [0, 0, 1, 1] and local.tolist() == [0, 2, 0, 1]
+    assert store.segments == (old, new)
+    assert float(store.vector(2)[0]) == 2.0 and float(store["k3"][0]) == 3.0
+    with pytest.raises(IndexError, match="row 4 is out of range"):
+        store.vector(4)
+    store.close()
+
+
+def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    paths = []
+    for i in range(3):
+        (src / f"k{i}").write_bytes(b"x" * (i + 1))
+        paths.append(str(src / f"k{i}"))
+    with _open(_build(tmp_path / "s.tsc", paths)) as store:
+        ident = store.source_identity(np.array([2, 0], np.int64), content_hash=True)
+        assert ident.size.tolist() == [3, 1]
+        assert ident.mtime_ns.tolist() == [os.stat(paths[2]).st_mtime_ns, os.stat(paths[0]).st_mtime_ns]
+        assert ident.content_hash is not None and ident.content_hash.tolist() == [0, 0]  # none recorded
+        assert store.source_identity(np.array([1], np.int64)).content_hash is None
+
+
+def _open(root: Path) -> CacheStore:
+    return open_directory(root)
+
+
+class CopyingSupply:
+    """Puts shard files in place from another directory, as a remote transport would."""
+
+    def __init__(self, source: Path, root: Path, spec: Any) -> None:
+        self.source, self.root, self.spec = source, root, spec
+        self.asked: list[list[int]] = []
+        self.closed = False
+
+    def ensure(self, shards: Sequence[int]) -> None:
+        self.asked.append(list(shards))
+        for k in shards:
+            rel = shard_key(self.spec, k)
+            (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.source / rel, self.root / rel)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_missing_shards_are_supplied_once_per_batch(tmp_path: Path) -> None:
+    keys = [f"k{i}" for i in range(300)]
+    full = _build(tmp_path / "full.tsc", keys)
+    sparse = tmp_path / "sparse.tsc"
+    shutil.copytree(full, sparse)
+    spec = Segment(full).spec
+    assert shard_count(spec) >= 3
+    for k in range(shard_count(spec)):
+        (sparse / shard_key(spec, k)).unlink()
+    supply = CopyingSupply(full, sparse, spec)
+    store = open_directory(sparse, supply=supply)
+    s = spec.rows_per_shard
+    rows = np.array([0, 2 * s, 1, 2 * s + 1], np.int64)  # shards 0 and 2
+    np.testing.assert_array_equal(store.take(rows), np.stack([_vec(keys[int(r)]) for r in rows]))
+    assert supply.asked == [[0, 2]]
+    store.take(rows)
+    float(store[keys[s]][0])  # shard 1, on its own
+    assert supply.asked == [[0, 2], [1]]
+    store.close()
+    assert supply.closed
+
+
+def test_without_a_supply_a_missing_shard_is_a_clear_error(tmp_path: Path) -> None:
+    root = _build(tmp_path / "s.tsc", ["k1", "k2"])
+    spec = Segment(root).spec
+    (root / shard_key(spec, 0)).unlink()
+    with open_directory(root) as store, pytest.raises(tsc.CorruptStoreError, match="is missing"):
+        store["k1"]
+
+
+def test_open_directory_needs_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(tsc.StoreNotFoundError, match="no store at"):
+        open_directory(tmp_path / "nothing")
+
+
+def test_store_getitem_fast_path_normalises_what_it_does_not_find(tmp_path: Path) -> None:
+    with open_directory(_build(tmp_path / "s.tsc", ["d/k1", "k2"])) as store:
+        assert float(store["d/k1"][0]) == 1.0
+        assert float(store["d//./k1"][0]) == 1.0 and float(store[Path("d/k1")][0]) == 1.0
+        assert float(store["./k2"][0]) == 2.0
+        with pytest.raises(tsc.KeyNotInStoreError, match="'d/k3'"):
+            store["d//k3"]
+        for bad, error in (("", ValueError), ("d/k1\x00", ValueError), (3, TypeError)):
+            with pytest.raises(error):
+                store[bad]  # type: ignore[index]

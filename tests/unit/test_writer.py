@@ -1,0 +1,90 @@
+"""Layer 5, writer: the one shard-writing path, rewriting rows, options built by keyword."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorstore_cache as tsc
+from tensorstore_cache.format.metadata import VECTORS, GroupMetadata
+from tensorstore_cache.format.spec import StoreSpec
+from tensorstore_cache.fs import durable
+from tensorstore_cache.loaders import resolve_loader
+from tensorstore_cache.reader.store import open_directory
+from tensorstore_cache.writer.assemble import finish_store, publish, rewrite_rows, write_shard_file
+from tensorstore_cache.writer.build import BuildOptions, build, rows_per_shard
+from tensorstore_cache.writer.tasks import ShardTask
+
+
+def _vec(path: str) -> Any:
+    return np.full(4, float(path.rsplit("k", 1)[1]), np.float32)
+
+
+def test_a_shard_file_is_written_and_flushed_one_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    block = np.ones((3, 4), np.float32)
+    with pytest.raises(FileNotFoundError):  # vectors/ is never recreated (an abandoned build)
+        write_shard_file(root, "vectors/c/0/0", block, 4)
+    (root / VECTORS).mkdir(parents=True)
+    monkeypatch.setattr(durable, "_KILL_AT", -1)  # count the I/O steps only
+    monkeypatch.setattr(durable, "_io_trace", [])
+    size, digest = write_shard_file(root, "vectors/c/0/0", block, 4)
+    assert durable._io_trace == [
+        "mkdir", "mkdir",  # vectors/c, vectors/c/0
+        "create", "write", "write", "fsync", "rename",  # the file, by a .partial
+        "fsync_dir", "fsync_dir", "fsync_dir",  # vectors/c/0, vectors/c, vectors
+    ]
+    assert (size, digest) == durable.file_digest(root / "vectors/c/0/0")
+
+
+def test_rewrite_rows_then_finish_and_publish_makes_a_readable_store(tmp_path: Path) -> None:
+    spec = StoreSpec(n=10, item_shape=(4,), dtype="float32", loader_id="vec/1",
+                     loader_params={}, rows_per_shard=3)
+    tmp = tmp_path / ".tmp"
+    (tmp / VECTORS).mkdir(parents=True)
+    source = np.arange(40, dtype=np.float32).reshape(10, 4)
+    asked: list[list[int]] = []
+
+    def read(rows: np.ndarray) -> np.ndarray:
+        asked.append(rows.tolist())
+        block: np.ndarray = source[rows]
+        return block
+
+    files = rewrite_rows(tmp, spec, read)
+    assert asked == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    keys = [f"k{i}" for i in range(10)]
+    minus = np.full(10, -1, np.int64)
+    meta = finish_store(tmp, spec, files, keys=keys, sizes=minus, mtimes=minus)
+    publish(tmp, tmp_path / "s.tsc", meta, overwrite=False)
+    assert GroupMetadata.read(tmp_path / "s.tsc") == meta
+    with open_directory(tmp_path / "s.tsc") as store:
+        np.testing.assert_array_equal(store.take(np.arange(10)), source)
+        assert store.paths == keys
+        store.verify()
+
+
+def test_options_are_built_by_keyword() -> None:
+    info = resolve_loader(_vec, loader_id="vec/1")
+    with pytest.raises(TypeError):
+        BuildOptions(info)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        ShardTask("root", "vectors/c/0", [], _vec, "float32", (4,), 1, False)  # type: ignore[call-arg]
+    assert BuildOptions(loader=info, workers=1).on_error == "raise"
+
+
+def test_build_publishes_nothing_when_a_source_fails(tmp_path: Path) -> None:
+    options = BuildOptions(loader=resolve_loader(_vec, loader_id="vec/1"), workers=1, progress=False)
+    with pytest.raises(tsc.BuildError, match="1 of 3 sources could not be loaded") as info:
+        build(["k1", "bad", "k2"], tmp_path / "s.tsc", options)
+    assert info.value.failures[0][0] == "bad"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("n", "workers", "expected"), [(0, 1, 1), (10, 2, 10), (100_000, 2, 2730)])
+def test_rows_per_shard(n: int, workers: int, expected: int) -> None:
+    assert rows_per_shard(n, 3 * 32 * 32 * 4, workers) == expected

@@ -78,7 +78,7 @@ def resident_bytes(path: str | os.PathLike[str]) -> int:
             vec = (ctypes.c_ubyte * pages)()
             if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
                 return 0
-            resident = int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1))
+            resident = int(np.count_nonzero(np.frombuffer(memoryview(vec), dtype=np.uint8) & 1))
         finally:
             libc.munmap(ctypes.c_void_p(addr), size)
         return min(resident * PAGE, size)

@@ -95,11 +95,11 @@ def run_targets(summary: dict[str, dict[str, Any]], agents: int,
         o = summary.get(other)
         add(f"later_data_vs_{other}",
             f"trials started once the cache exists, time getting data: {other} / {TSC}",
-            _ratio(o and o["later_data_s"], t["later_data_s"]), ">=", threshold, [other, TSC])
+            _ratio(o["later_data_s"] if o else None, t["later_data_s"]), ">=", threshold, [other, TSC])
     o = summary.get("torch_save")
     add("first_round_decode_vs_torch_save",
         f"first round of {agents} trials, decode CPU: torch_save / {TSC}",
-        _ratio(o and o["first_round_decode_cpu_s"], t["first_round_decode_cpu_s"]), ">=",
+        _ratio(o["first_round_decode_cpu_s"] if o else None, t["first_round_decode_cpu_s"]), ">=",
         0.75 * agents, ["torch_save", TSC])
     others = [s["wall_s"] for name, s in summary.items() if name != TSC]
     add("wall_lowest", f"sweep wall time: fastest other method / {TSC}",
@@ -304,6 +304,7 @@ def plot_timeline(report: dict[str, Any], path: Path, run: int = 0) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     runs = report["runs"][run]["methods"]
     agents = report["config"]["agents"]
@@ -336,8 +337,8 @@ def plot_timeline(report: dict[str, Any], path: Path, run: int = 0) -> None:
         ax.set_ylim(agents - 0.5, -0.5)
         ax.axvline(wall, color="black", linewidth=0.8)
         ax.text(wall, -0.5, f" {wall:.0f} s", va="top", fontsize=8)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#fcbba1", hatch="//",
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    handles.append(Rectangle((0, 0), 1, 1, facecolor="#fcbba1", hatch="//",
                                  edgecolor="#a50f15"))
     fig.legend(handles, [*colours, "failed"], loc="upper left", bbox_to_anchor=(0.0, 0.975),
                ncol=5, fontsize=8, frameon=False)

@@ -177,10 +177,10 @@ def get_data(spec: dict[str, Any], tables: dict[str, Any], meter: Any,
         columns.append((unique, column))
     result["t_vectors"] = time.time()
     (train_unique, train_col), (test_unique, test_col) = columns
-    fit_ds = RowsDataset(train_col, _positions(train_unique, fit["img_path"]), fit_y)
-    val_ds = RowsDataset(train_col, _positions(train_unique, val["img_path"]), val_y)
-    test_ds = RowsDataset(test_col, _positions(test_unique, test_rows["img_path"]))
-    return batches(fit_ds, bs, generator), val_ds, test_ds, columns
+    fit_rows = RowsDataset(train_col, _positions(train_unique, fit["img_path"]), fit_y)
+    val_rows = RowsDataset(train_col, _positions(train_unique, val["img_path"]), val_y)
+    test_rows_ds = RowsDataset(test_col, _positions(test_unique, test_rows["img_path"]))
+    return batches(fit_rows, bs, generator), val_rows, test_rows_ds, columns
 
 
 def _eval(model: Any, ds: Any, method: str) -> Any:
@@ -274,7 +274,7 @@ def run(spec: dict[str, Any], result: dict[str, Any]) -> None:
     while True:
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         done += 1
         items += len(y)

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,10 +33,11 @@ import optuna  # noqa: E402
 from benchmarks.sweep import CONFIGS, METHODS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+Sweep = tuple[Path, dict[str, Any], str]  # work dir, sweep.json, printed table
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     root = tmp_path_factory.mktemp("sweep")
     work, results = root / "work", root / "results"
     proc = subprocess.run(
@@ -59,12 +61,12 @@ def _filesystem(path: Path) -> str:
     return kind
 
 
-def _trials(report: dict) -> dict[str, list[dict]]:
+def _trials(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {name: res["trials"] for name, res in report["runs"][0]["methods"].items()}
 
 
 @pytest.mark.timeout(480)
-def test_every_trial_is_a_fresh_process_of_a_real_optuna_study(sweep) -> None:
+def test_every_trial_is_a_fresh_process_of_a_real_optuna_study(sweep: Sweep) -> None:
     work, report, _ = sweep
     trials = _trials(report)
     assert list(trials) == list(METHODS)
@@ -89,7 +91,7 @@ def test_every_trial_is_a_fresh_process_of_a_real_optuna_study(sweep) -> None:
 
 
 @pytest.mark.timeout(480)
-def test_a_killed_trial_is_a_result_and_the_sweep_goes_on(sweep) -> None:
+def test_a_killed_trial_is_a_result_and_the_sweep_goes_on(sweep: Sweep) -> None:
     _work, report, stdout = sweep
     killed = _trials(report)["no_cache"][1]
     assert killed["status"] == "killed" and killed["outcome"].startswith("killed by SIGKILL at ")
@@ -101,7 +103,7 @@ def test_a_killed_trial_is_a_result_and_the_sweep_goes_on(sweep) -> None:
 
 
 @pytest.mark.timeout(480)
-def test_same_configuration_same_rmse_whatever_the_method(sweep) -> None:
+def test_same_configuration_same_rmse_whatever_the_method(sweep: Sweep) -> None:
     _work, report, _ = sweep
     check = report["rmse_check"]
     assert check["same"] and check["max_rmse_difference"] <= check["tolerance"]
@@ -114,7 +116,7 @@ def test_same_configuration_same_rmse_whatever_the_method(sweep) -> None:
 
 
 @pytest.mark.timeout(480)
-def test_timings_decode_memory_and_disk_are_measured(sweep) -> None:
+def test_timings_decode_memory_and_disk_are_measured(sweep: Sweep) -> None:
     work, report, _ = sweep
     sizes = report["env"]["sizes"]
     covers = sizes["train_covers"] + sizes["test_covers"]
@@ -153,7 +155,7 @@ def test_timings_decode_memory_and_disk_are_measured(sweep) -> None:
 
 
 @pytest.mark.timeout(480)
-def test_report_table_targets_and_plot(sweep) -> None:
+def test_report_table_targets_and_plot(sweep: Sweep) -> None:
     _work, report, stdout = sweep
     results = Path(report["config"]["results"])
     table = (results / "sweep.md").read_text()
@@ -249,13 +251,15 @@ def test_node_memory_counts_a_shared_file_once(tmp_path: Path) -> None:
             proc.start()
             assert ready.wait(60)
             readers.append(proc)
-        sample = NodeMemory([cache]).sample([p.pid for p in readers])
+        pids = [p.pid for p in readers if p.pid is not None]
+        assert len(pids) == 2
+        sample = NodeMemory([cache]).sample(pids)
         mib = 2**20
         # both map all 16 MiB: PSS charges each half, the page cache holds it once
         assert sample["cache_pss"] == pytest.approx(16 * mib, abs=mib)
         assert sample["cache_resident"] == 16 * mib
         assert sample["node"] == sample["pss"] - sample["cache_pss"] + 16 * mib
-        alone = NodeMemory().sample([p.pid for p in readers])
+        alone = NodeMemory().sample(pids)
         assert alone["cache_resident"] == 0 and alone["pss"] == pytest.approx(sample["pss"],
                                                                                rel=0.05)
     finally:

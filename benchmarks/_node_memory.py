@@ -115,8 +115,11 @@ def _maps_any(pid: int, roots: tuple[bytes, ...]) -> bool:
     return any(root in data for root in roots)
 
 
-_PSS = re.compile(rb"^Pss:\s+(\d+) kB", re.M)
-_ANON = re.compile(rb"^Anonymous:\s+(\d+) kB", re.M)
+# A field's line is found by its newline (the first line of smaps is a mapping's header):
+# a literal prefix lets the regex engine skip ahead, nine times faster than ``^`` with
+# re.M over the ~400 kB of a process that imported torch.
+_PSS = re.compile(rb"\nPss:\s+(\d+) kB")
+_ANON = re.compile(rb"\nAnonymous:\s+(\d+) kB")
 
 
 def _smaps(pid: int, roots: tuple[bytes, ...]) -> dict[str, int]:

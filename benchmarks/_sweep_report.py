@@ -204,6 +204,38 @@ def _runs(summaries: list[dict[str, Any]], name: str, key: str, fmt: Any) -> str
     return " / ".join(fmt(v) for v in vals)
 
 
+#: what a failed trial's error says when it read a cache file that was not whole
+_TORN_READ = ("EOFError", "PytorchStreamReader failed")
+
+
+def failure_notes(summaries: list[dict[str, Any]]) -> list[str]:
+    """The failed trials of every method, in plain words (one paragraph per kind)."""
+    notes: list[str] = []
+    for name in summaries[0]["methods"]:
+        fails = [f for s in summaries for f in s["methods"][name]["failures"]]
+        oom = [f["number"] for f in fails if "out of memory" in f["outcome"]]
+        torn = [f["number"] for f in fails if any(m in f["outcome"] for m in _TORN_READ)]
+        if oom:
+            notes.append(
+                f"{name}: trial(s) {', '.join(map(str, oom))} were killed by the kernel's "
+                "OOM killer: the agents together needed more memory than the machine has.")
+        if torn and name == "torch_save":
+            notes.append(
+                f"torch_save: trial(s) {', '.join(map(str, torn))} failed reading the cache "
+                "file while another agent was still writing it (or had left it cut short "
+                "when it was killed): `EOFError: Ran out of input` or `PytorchStreamReader "
+                "failed reading zip archive`. This is the original method's own defect, not "
+                "the benchmark's: an agent that finds the file `torch.load`s it, and the agent that builds it writes it in place with "
+                "`torch.save`, with no lock and no write-then-rename, so any agent starting "
+                "during a write reads a partial file and dies. tensorstore_cache publishes a "
+                "part only once it is complete (atomic rename) and makes concurrent callers "
+                "wait on the build lock.")
+        elif torn:
+            notes.append(f"{name}: trial(s) {', '.join(map(str, torn))} failed reading a "
+                         "partial file.")
+    return notes
+
+
 def markdown(report: dict[str, Any]) -> str:
     env, cfg, summaries = report["env"], report["config"], report["summary"]
     sizes = env["sizes"]
@@ -247,6 +279,10 @@ def markdown(report: dict[str, Any]) -> str:
         )
         for fail in fails:
             lines.append(f"|  | trial {fail} | | | | | | | | |")
+    notes = failure_notes(summaries)
+    if notes:
+        lines += ["", "Failed trials, in plain words:", ""]
+        lines += [f"- {note}" for note in notes]
     base = report["baseline"]
     starts = [s["methods"][n]["startup_s"] for s in summaries for n in names
               if s["methods"][n]["startup_s"] is not None]

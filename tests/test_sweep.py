@@ -296,3 +296,25 @@ def test_decode_meter_counts_every_call_in_every_process(tmp_path: Path) -> None
         f.write(b"\x01\x02")
     assert read_log(log)["calls"] == 12
     assert read_log(tmp_path / "none")["calls"] == 0
+
+
+def test_failed_trials_in_plain_words() -> None:
+    from benchmarks._sweep_report import failure_notes
+
+    def summary(fails: dict[str, list[str]]) -> dict[str, Any]:
+        return {"methods": {name: {"failures": [{"number": i, "outcome": o}
+                                                for i, o in enumerate(outcomes)]}
+                            for name, outcomes in fails.items()}}
+
+    notes = failure_notes([summary({
+        "torch_save": ["killed: out of memory at 8.2 GB", "error: EOFError: Ran out of input",
+                       "error: RuntimeError: PytorchStreamReader failed reading zip archive"],
+        "tensorstore_cache": [],
+        "no_cache": ["killed: SIGKILL"],
+    })])
+    assert len(notes) == 2
+    assert notes[0].startswith("torch_save: trial(s) 0 were killed by the kernel's OOM killer")
+    assert notes[1].startswith("torch_save: trial(s) 1, 2 failed reading the cache file while "
+                               "another agent was still writing it")
+    assert "original method's own defect" in notes[1]
+    assert failure_notes([summary({"tensorstore_cache": []})]) == []

@@ -91,7 +91,28 @@ def normalize_keys(paths: Iterable[object]) -> list[str]:
     list of str
         The keys, in input order, duplicates kept.
     """
-    return [normalize_key(p) for p in path_sequence(paths)]
+    values = path_sequence(paths)
+    if isinstance(values, np.ndarray):
+        values = values.tolist()  # numpy str_ items become str
+    if _all_keys(values):
+        return list(values)
+    return [normalize_key(p) for p in values]
+
+
+def _all_keys(paths: Sequence[Any]) -> bool:
+    """Whether every path of ``paths`` is a ``str`` that already is its own key.
+
+    One join and a few vectorised passes (:func:`_plain`) instead of a call of
+    :func:`normalize_key` per path; False sends the caller key by key.
+    """
+    if len(paths) == 0 or set(map(type, paths)) != {str}:  # keys are plain str
+        return False
+    try:
+        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
+    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...)
+        return False
+    # a path holding a NUL would add a separator: normalize_key must reject it
+    return _plain(joined) and joined.count(b"\x00") == len(paths) - 1
 
 
 def path_sequence(paths: Iterable[object]) -> Sequence[Any]:
@@ -110,7 +131,11 @@ def path_sequence(paths: Iterable[object]) -> Sequence[Any]:
             "wrap it in a list"
         )
     if not isinstance(values, (list, tuple, np.ndarray)):
-        values = list(values)
+        # A pandas extension array (pandas 3 stores strings in Arrow) yields its items
+        # one Python call each when iterated; its tolist() converts them in one pass.
+        tolist = getattr(values, "tolist", None)
+        converted = tolist() if callable(tolist) else None
+        values = converted if isinstance(converted, list) else list(values)
     return values  # type: ignore[no-any-return]
 
 

@@ -58,6 +58,30 @@ def test_bulk_encoding_of_paths_and_bad_values() -> None:
         keys.encode_keys(["ok", 3])
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(source_paths(), st.sampled_from(_ODD)), max_size=20))
+def test_bulk_normalising_is_key_by_key_normalising(paths: list[str]) -> None:
+    got = keys.normalize_keys(paths)
+    assert got == [keys.normalize_key(p) for p in paths]
+    assert all(type(k) is str for k in got)
+
+
+def test_bulk_normalising_of_arrays_series_and_bad_values() -> None:
+    pd = pytest.importorskip("pandas")
+    want = ["a/b", "c/d.jpg"]
+    for values in (np.array(["a/b", "c/d.jpg"]), np.array(["a//b", "c/./d.jpg"], dtype=object),
+                   pd.Series(["a/b", "c/d.jpg"]), pd.Series(["a/b", "c/d.jpg"], dtype=object),
+                   pd.Series(["a/b/", "./c/d.jpg"], dtype="string"), (Path("a/b"), "c/d.jpg")):
+        got = keys.normalize_keys(values)
+        assert got == want and all(type(k) is str for k in got), values
+    with pytest.raises(ValueError, match="NUL"):  # a NUL must not pass as a separator
+        keys.normalize_keys(["ok", "a\x00b"])
+    with pytest.raises(ValueError, match="empty"):
+        keys.normalize_keys(["ok", ""])
+    with pytest.raises(TypeError, match=r"str or os\.PathLike"):
+        keys.normalize_keys(pd.Series(["ok", None], dtype="string"))
+
+
 def test_group_metadata_reads_what_it_writes_byte_for_byte(store_dir: Path, tmp_path: Path) -> None:
     meta = GroupMetadata.read(store_dir)
     on_disk = (store_dir / metadata.GROUP).read_bytes()

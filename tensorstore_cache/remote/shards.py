@@ -208,12 +208,12 @@ class NodeShards:
     def budget(self) -> int | None:
         """Shards a reader keeps mapped at once under the cap (None: uncapped, no limit).
 
-        A quarter of the shards the cap holds, between 1 and 64: the rest of the
-        cap is left to other processes and to the shards being fetched.
+        A quarter of the shards the cap holds (at least 1): the rest of the cap is
+        left to other processes and to the shards being fetched.
         """
         if self.cap is None:
             return None
-        return max(1, min(64, self.cap // (4 * self._largest)))
+        return max(1, self.cap // (4 * self._largest))
 
     def close(self) -> None:
         """The store is closed: stop prefetching, drop every hold."""

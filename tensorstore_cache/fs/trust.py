@@ -625,15 +625,7 @@ def open_file(
     UntrustedCacheError
         If it fails the policy.
     """
-    where = shown if shown is not None else path
-    fd = _open(path, flags | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC, dir_fd, where, trust)
-    try:
-        st = check_fd(fd, where, trust)
-    except BaseException:
-        os.close(fd)
-        raise
-    _regular(fd, st, where)
-    return fd
+    return _open_existing(path, flags, dir_fd, shown if shown is not None else path, trust)
 
 
 def create_file(

@@ -151,19 +151,19 @@ def _plain(joined: bytes) -> bool:
     """Whether every key in ``joined`` (encoded keys separated by NUL) is its own key.
 
     The conditions of :func:`normalize_key`'s fast path, checked for a whole
-    chunk with a few vectorised passes instead of a call per path: no key is
+    chunk with a few substring searches instead of a call per path: no key is
     empty, starts with ``.``, ends with ``/``, or holds ``//`` or ``/.``. (The
-    encoding of any other character has no byte below 0x80.)
+    encoding of any other character has no byte below 0x80.) The searches
+    allocate nothing: a process keeps the heap that large temporaries grew.
     """
     if not joined or joined[0] in (0, _DOT) or joined[-1] in (0, _SLASH):
         return False
-    q = np.frombuffer(joined, dtype=np.uint8)
-    nul = q == 0
-    slash = q == _SLASH
-    dot_or_nul = (q == _DOT) | nul
-    bad = slash[:-1] & (slash[1:] | dot_or_nul[1:])  # "//", "/.", a key ending with "/"
-    bad |= nul[:-1] & dot_or_nul[1:]  # a key starting with "." or an empty key
-    return not bool(bad.any())
+    return not any(bad in joined for bad in _NOT_PLAIN)
+
+
+#: Byte pairs that no run of plain keys joined by NUL holds: "//", "/.", a key ending
+#: with "/", a key starting with ".", an empty key.
+_NOT_PLAIN = (b"//", b"/.", b"/\x00", b"\x00.", b"\x00\x00")
 
 
 def encode_keys(paths: Sequence[Any] | npt.NDArray[Any]) -> tuple[Sequence[str], list[bytes]]:

@@ -80,6 +80,12 @@ def _ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[i
     return list(array.tolist())
 
 
+#: Query bytes compared in one vectorised step of :func:`same_bytes`: its temporaries
+#: (about 17 bytes per query byte) stay below glibc's initial mmap threshold, so they
+#: are reused from the heap instead of raising the threshold and growing the heap for good.
+_COMPARE_BYTES = 6 << 10
+
+
 def same_bytes(
     stored: npt.NDArray[np.uint8],
     starts: npt.NDArray[np.uint64],
@@ -88,23 +94,33 @@ def same_bytes(
 ) -> npt.NDArray[np.bool_]:
     """Whether ``stored[starts[i]:stops[i]] == keys[i]`` for every ``i``, vectorised.
 
-    One gather of every candidate's stored bytes and one comparison with the
-    keys' bytes: no Python object per key (``starts``/``stops`` are within
-    ``stored``, checked by the caller).
+    A gather of the candidates' stored bytes and one comparison with the keys'
+    bytes per step of about :data:`_COMPARE_BYTES`: no Python object per key
+    (``starts``/``stops`` are within ``stored``, checked by the caller).
     """
     lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-    same = (stops.astype(np.int64) - starts.astype(np.int64)) == lengths
-    query = np.frombuffer(b"".join(keys), dtype=np.uint8)
-    qstarts = np.zeros(len(keys), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=qstarts[1:])
-    index = np.repeat(starts.astype(np.int64) - qstarts, lengths)
-    index += np.arange(len(query), dtype=np.int64)
-    equal = np.empty(len(query) + 1, dtype=bool)
-    np.equal(stored.take(index, mode="clip"), query, out=equal[:-1])
-    equal[-1] = True  # a start for an empty last key; such keys fail the length check
-    same &= np.logical_and.reduceat(equal, qstarts)
-    result: npt.NDArray[np.bool_] = same
-    return result
+    begin = starts.astype(np.int64)
+    same: npt.NDArray[np.bool_] = (stops.astype(np.int64) - begin) == lengths
+    if len(keys) == 0:
+        return same
+    ends = np.cumsum(lengths)
+    cuts = np.searchsorted(ends, np.arange(_COMPARE_BYTES, int(ends[-1]), _COMPARE_BYTES))
+    a = 0
+    for b in [*np.unique(cuts + 1).tolist(), len(keys)]:
+        if b <= a:
+            continue
+        part = lengths[a:b]
+        query = np.frombuffer(b"".join(keys[a:b]), dtype=np.uint8)
+        qstarts = np.zeros(b - a, dtype=np.int64)
+        np.cumsum(part[:-1], out=qstarts[1:])
+        index = np.repeat(begin[a:b] - qstarts, part)
+        index += np.arange(len(query), dtype=np.int64)
+        equal = np.empty(len(query) + 1, dtype=bool)
+        np.equal(stored.take(index, mode="clip"), query, out=equal[:-1])
+        equal[-1] = True  # a start for an empty last key; such keys fail the length check
+        same[a:b] &= np.logical_and.reduceat(equal, qstarts)
+        a = b
+    return same
 
 
 class Segment:

@@ -15,6 +15,7 @@ import xxhash
 
 import tensorstore_cache as tsc
 from tensorstore_cache.format.metadata import shard_count, shard_key
+from tensorstore_cache.reader import segment as segment_module
 from tensorstore_cache.reader.overlay import Overlay
 from tensorstore_cache.reader.segment import Segment, same_bytes
 from tensorstore_cache.reader.store import CacheStore, open_directory
@@ -55,6 +56,34 @@ def test_same_bytes_compares_lengths_and_every_byte() -> None:
     assert same_bytes(stored, starts, stops, keys).tolist() == [True, False, True, False, True]
     assert same_bytes(stored, starts[:1], stops[:1], [b"ab"]).tolist() == [False]
 
+
+
+def test_same_bytes_in_many_steps_matches_a_comparison_key_by_key() -> None:
+    # keys whose bytes span many comparison steps, differing at their first, a middle or
+    # their last byte, or in length, wherever a step boundary falls
+    rng = np.random.default_rng(7)
+    keys = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8)) for n in rng.integers(1, 120, 3000)]
+    stored_keys = list(keys)
+    for i in rng.choice(len(keys), 400, replace=False).tolist():
+        k = bytearray(keys[i])
+        where = int(rng.integers(0, 4))
+        if where == 3:
+            k.append(97)
+        else:
+            at = (0, len(k) // 2, len(k) - 1)[where]
+            k[at] = 65
+        stored_keys[i] = bytes(k)
+    order = rng.permutation(len(keys))  # stored in another order than asked
+    blob = b"".join(stored_keys[i] for i in order)
+    offsets = np.zeros(len(keys) + 1, np.uint64)
+    offsets[1:] = np.cumsum([len(stored_keys[i]) for i in order])
+    place = np.empty(len(keys), np.int64)
+    place[order] = np.arange(len(keys))
+    starts, stops = offsets[place], offsets[place + 1]
+    got = same_bytes(np.frombuffer(blob, np.uint8), starts, stops, keys)
+    assert len(blob) > 20 * segment_module._COMPARE_BYTES
+    assert got.tolist() == [a == b for a, b in zip(keys, stored_keys, strict=True)]
+    assert not got.all() and got.sum() == len(keys) - 400
 
 def test_one_segment_is_the_trivial_overlay(tmp_path: Path) -> None:
     seg = Segment(_build(tmp_path / "s.tsc", [f"k{i}" for i in range(50)]))

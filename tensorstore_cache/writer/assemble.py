@@ -43,7 +43,14 @@ from ..fs.durable import (
     write_json_durable,
 )
 
-__all__ = ["finish_store", "publish", "rewrite_rows", "write_index", "write_shard_file"]
+__all__ = [
+    "finish_store",
+    "publish",
+    "rewrite_rows",
+    "seal",
+    "write_index",
+    "write_shard_file",
+]
 
 #: File entries of a store being written: store-relative path -> (size, xxh3-128 hex).
 Files = dict[str, tuple[int, str]]
@@ -183,6 +190,25 @@ def finish_store(
     return GroupMetadata(spec, every, key_bytes_len)
 
 
+def seal(tmp: Path, meta: GroupMetadata, target: str) -> None:
+    """Write the group metadata into ``tmp`` and check it as every reader will.
+
+    Raises
+    ------
+    BuildError
+        If the finished store fails the checks every reader applies (nothing
+        is to be published at ``target``).
+    """
+    meta.write(tmp)
+    try:  # publish only what readers accept (e.g. not metadata past their size caps)
+        GroupMetadata.read(tmp)
+    except CorruptStoreError as exc:
+        raise BuildError(
+            f"the finished store fails the checks every reader applies, so nothing was "
+            f"published at {target!r}: {exc}"
+        ) from exc
+
+
 def publish(tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool) -> None:
     """Write the group metadata last, then publish ``tmp`` as ``target`` with one rename.
 
@@ -194,14 +220,7 @@ def publish(tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool) ->
     StoreExistsError
         If ``target`` appeared meanwhile and ``overwrite`` is false.
     """
-    meta.write(tmp)
-    try:  # publish only what readers accept (e.g. not metadata past their size caps)
-        GroupMetadata.read(tmp)
-    except CorruptStoreError as exc:
-        raise BuildError(
-            f"the finished store fails the checks every reader applies, so nothing was "
-            f"published at {str(target)!r}: {exc}"
-        ) from exc
+    seal(tmp, meta, str(target))
     old: Path | None = None
     if overwrite and (target.exists() or target.is_symlink()):
         # one atomic swap where the system has it: readers see the old or the new store

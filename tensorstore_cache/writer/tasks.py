@@ -3,11 +3,15 @@
 A :class:`ShardTask` is everything needed to produce one shard file and is
 picklable, so any :class:`concurrent.futures.Executor` can run it (a Dask
 client's executor for a cluster); :mod:`.schedule` runs a build's tasks.
+A task of a build to a URL writes its shard to a local temporary file and
+uploads it from where it runs, so no directory is shared between the
+builder and the workers.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +20,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..format.metadata import VECTORS
 from ..loaders import Loader
+from ..remote.upload import upload_file
 from .assemble import write_shard_file
 
 __all__ = ["ShardResult", "ShardTask", "load_item", "run_shard"]
@@ -57,7 +63,9 @@ class ShardTask:
     ``loader`` is None in the tasks sent to a :class:`~.pool.BuildPool`,
     whose workers received the loader when they started. ``computed`` holds
     items computed already, by row in the shard (the one that told the
-    builder the item shape).
+    builder the item shape). With ``upload`` (the store's URL) the shard
+    is written to a local temporary file and uploaded there, ``root`` is
+    not written; ``storage_options`` are the URL's filesystem options.
     """
 
     root: str
@@ -69,6 +77,8 @@ class ShardTask:
     rows_per_shard: int
     write_on_failure: bool
     computed: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
+    upload: str | None = None
+    storage_options: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -115,7 +125,17 @@ def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
             result.failures.append((i, f"{type(exc).__name__}: {exc}", _loader_frames(exc)))
     if result.failures and not task.write_on_failure:
         return result
-    result.size, result.checksum = write_shard_file(
-        Path(task.root), task.rel, block, task.rows_per_shard
-    )
+    if task.upload is None:
+        result.size, result.checksum = write_shard_file(
+            Path(task.root), task.rel, block, task.rows_per_shard
+        )
+        return result
+    with tempfile.TemporaryDirectory(prefix="tsc-shard-") as scratch:
+        (Path(scratch) / VECTORS).mkdir()
+        result.size, result.checksum = write_shard_file(
+            Path(scratch), task.rel, block, task.rows_per_shard
+        )
+        del block
+        upload_file(Path(scratch) / task.rel, task.upload, task.rel,
+                    storage_options=task.storage_options)
     return result

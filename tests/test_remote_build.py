@@ -9,6 +9,7 @@ Skipped when ``moto[server]`` or ``s3fs`` is missing.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,21 +33,28 @@ BUCKET = "builds"
 class Recorder:
     """The image loader, logging per call its pid, the time and the shard files under ``cache``.
 
-    Fails on the file names in ``bad``.
+    Fails on the file names in ``bad``; a process other than ``builder`` that
+    meets the file named ``kill`` SIGKILLs itself.
     """
 
     item_shape = (3, 32, 32)
     params: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, log: str, cache: str, bad: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, log: str, cache: str, bad: frozenset[str] = frozenset(), kill: str = "", builder: int = 0
+    ) -> None:
         self.log = log
         self.cache = cache
         self.bad = bad
+        self.kill = kill
+        self.builder = builder
         self.image = tsc.ImageLoader(size=(32, 32))
 
     def __call__(self, path: str) -> np.ndarray:
         if os.path.basename(path) in self.bad:
             raise OSError(f"cannot read {path}")
+        if os.path.basename(path) == self.kill and os.getpid() != self.builder:
+            os.kill(os.getpid(), signal.SIGKILL)
         staged = sum(1 for p in Path(self.cache).rglob("*") if p.is_file() and "/vectors/c/" in str(p))
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -146,6 +154,27 @@ def test_a_failed_build_publishes_no_group_and_deletes_its_shards(
     assert _listed(s3, "failed.tsc") == set()
     with pytest.raises(tsc.StoreNotFoundError):
         tsc.open_store(url, cache_dir=tmp_path / "reader", storage_options=s3.storage_options())
+    assert not [p for p in (cache / "remote").glob("*/.*") if p.is_dir()]
+
+
+def test_a_worker_killed_mid_build_leaves_no_group_and_no_shards(
+    s3: S3Process, sources: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    images, _local = sources
+    url = f"s3://{BUCKET}/killed.tsc"
+    cache = tmp_path / "builder"
+    # the pool's worker takes the first shards, the builder the last: the worker uploads
+    # shard 0, then dies in shard 1 (64 rows a shard here)
+    loader = Recorder(str(tmp_path / "calls.log"), str(cache), kill=os.path.basename(images[70]),
+                      builder=os.getpid())
+    s3.reset()
+    with pytest.raises(tsc.BuildError, match="died"):
+        tsc.build_store(images, url, workers=2, progress=False, cache_dir=cache, loader=loader,
+                        loader_id="image-killed", storage_options=s3.storage_options())
+    assert f"{BUCKET}/killed.tsc/vectors/c/0/0/0/0" in {
+        r.key for r in s3.requests("PUT", under=f"{BUCKET}/killed.tsc/")
+    }
+    assert _listed(s3, "killed.tsc") == set()
     assert not [p for p in (cache / "remote").glob("*/.*") if p.is_dir()]
 
 

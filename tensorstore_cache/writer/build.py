@@ -35,7 +35,7 @@ from ..config import OnError
 from ..errors import BuildError, StoreExistsError
 from ..format.metadata import VECTORS, GroupMetadata, shard_key
 from ..format.spec import StoreSpec
-from ..fs.durable import fsync_dir, io_step, remove_partials
+from ..fs.durable import file_digest, fsync_dir, io_step, remove_partials
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
 from ..loaders import Loader, LoaderInfo
 from ..remote.upload import (
@@ -351,6 +351,12 @@ def _build_into(
     if failures:
         if upload is not None:  # the rows that failed are dropped from local copies
             download_files(upload, sorted(sent), tmp, storage_options=storage_options)
+            for rel in sorted(sent):
+                if file_digest(tmp / rel) != (results[rel].size, results[rel].checksum):
+                    raise BuildError(
+                        f"shard {rel} read back from {upload!r} differs from what its task "
+                        "uploaded (another builder writing there?); nothing was published"
+                    )
             sent = frozenset()
         keep = np.ones(n, dtype=bool)
         keep[[i for i, _r, _f in failures]] = False

@@ -28,16 +28,15 @@ from .format.keys import normalize_keys
 from .format.metadata import GROUP
 from .format.verify import Problem, VerifyReport, verify_segment, verify_segments
 from .fs.mounts import network_mount
-from .fs.temp import remove_tree
 from .fs.trust import Trust, resolve_trust
 from .loaders import Loader, resolve_loader
 from .reader.store import CacheStore, open_directory
 from .remote.budget import requested_cap
 from .remote.fetch import fetch_store
 from .remote.shards import NodeShards
-from .remote.upload import check_target, staging_dir, upload_store
+from .remote.upload import check_target
 from .remote.urls import file_url_path, is_url, open_url_dir, remote_cache_root
-from .writer.build import BuildOptions, build
+from .writer.build import BuildOptions, build, build_to_url
 
 __all__ = ["build_store", "cached", "open_store", "verify_store"]
 
@@ -285,9 +284,12 @@ def build_store(
         Series, ...). Duplicates are stored once; rows follow first appearance.
     out
         The store directory to create, or an fsspec URL (``s3://bucket/covers.tsc``;
-        needs the ``remote`` extra): the store is then built in a local staging
-        directory under ``<cache_dir>/remote/``, uploaded with its group
-        ``zarr.json`` last, and kept there as this node's copy.
+        needs the ``remote`` extra): each shard is then uploaded by the worker
+        that wrote it, from a local temporary file, and the index and metadata
+        by this process, the group ``zarr.json`` last (a failed build writes
+        none, and deletes what it uploaded); the index stays in
+        ``<cache_dir>/remote/`` as this node's copy. With ``overwrite=True``
+        the old store is withdrawn from the URL when the build starts.
     size
         ``(height, width)`` of the default image loader.
     dtype
@@ -322,7 +324,7 @@ def build_store(
         instead of a local process pool (e.g. ``dask.distributed.Client(...)
         .get_executor()``); every task writes one whole shard into the build
         directory next to ``out``, which must be on a filesystem all workers
-        share. Tasks may be retried (a killed worker): a shard is written to a
+        share, or, for a URL ``out``, uploads it there. Tasks may be retried (a killed worker): a shard is written to a
         ``.partial`` file and renamed, so a retry replaces it safely. Pass
         ``workers=`` the cluster's thread count so that there are enough shards.
     cache_dir
@@ -391,13 +393,8 @@ def build_store(
         build(keys, target, options)
         return open_directory(target)
     trust = resolve_trust(share_with)
-    staging = staging_dir(url, cache_dir, trust=trust)
-    try:  # built locally, uploaded, and kept as this node's copy
-        build(keys, staging / "store", dataclasses.replace(options, overwrite=False, trust=trust))
-        upload_store(staging / "store", url, overwrite=overwrite, cache_dir=cache_dir,
-                     storage_options=storage_options, trust=trust)
-    finally:
-        remove_tree(staging)
+    build_to_url(keys, url, dataclasses.replace(options, trust=trust), cache_dir=cache_dir,
+                 storage_options=storage_options)
     return _open_url(url, cache_dir, storage_options, trust)
 
 

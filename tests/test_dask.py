@@ -148,6 +148,34 @@ def test_dask_build_equals_local_build(
     _assert_intact(out)
 
 
+def test_dask_build_to_an_s3_url_uploads_from_the_workers(
+    client: Any, sources: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from benchmarks.s3server import S3Process
+
+    images, local = sources
+    server = S3Process()
+    try:
+        server.create_bucket("cluster")
+        store = tsc.build_store(
+            images, "s3://cluster/dask.tsc", workers=2, progress=False,
+            executor=client.get_executor(), cache_dir=tmp_path / "builder",
+            storage_options=server.storage_options(),
+        )
+        # no shard lies in the builder's copy: the Dask workers uploaded them
+        assert not list(Path(store.location).glob("vectors/c/**/0"))
+        puts = server.requests("PUT", under="cluster/dask.tsc/")
+        assert len([r for r in puts if "/vectors/c/" in r.key]) == -(-len(images) // store.spec.rows_per_shard)
+        assert puts[-1].key == "cluster/dask.tsc/zarr.json"
+        reference = tsc.open_store(local)
+        np.testing.assert_array_equal(_all_rows(store), _all_rows(reference))
+        store.verify()
+    finally:
+        server.stop()
+
+
 def test_dask_build_reports_every_failure_and_publishes_nothing(
     client: Any, sources: tuple[list[str], Path], tmp_path: Path
 ) -> None:

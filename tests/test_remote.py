@@ -101,7 +101,7 @@ def test_build_into_memory_url_then_open_on_a_fresh_node(
 ) -> None:
     url = f"memory://{tmp_path.name}/covers.tsc"
     built = tsc.build_store(images, url, workers=2, progress=False, cache_dir=tmp_path / "a")
-    # the builder keeps its local build as its copy of the uploaded version
+    # memory:// is this process's only: the builder writes the shards too, and keeps its build
     assert Path(built.location).parent.parent == tmp_path / "a" / "remote"
     np.testing.assert_array_equal(_everything(built), _everything(local_store))
     mem = fsspec.filesystem("memory")

@@ -1,4 +1,4 @@
-"""Uploading a local store directory to an fsspec URL, group ``zarr.json`` last.
+"""Uploading a store to an fsspec URL, shard by shard as it is built, group ``zarr.json`` last.
 
 Object stores (S3, GCS, Azure) make each object write atomic and, today,
 strongly consistent: a reader sees a whole old or a whole new object,
@@ -12,6 +12,15 @@ retried). With ``overwrite=True`` the old ``zarr.json`` is deleted
 first and stale files of the old store are deleted last. Two builders
 uploading to the same URL at once are not excluded (last ``zarr.json``
 wins); publish new versions under new URLs where that matters.
+
+A build uploads as it goes: each shard task writes its shard to a local
+temporary file and sends it with :func:`upload_file` (from whichever process
+or machine runs the task), and the building process then sends the index,
+the array metadata and the group ``zarr.json`` with :func:`upload_store`.
+With ``overwrite=True`` the old group ``zarr.json`` is withdrawn
+(:func:`withdraw_store`) before the first shard is sent, since shards are
+replaced in place. A build that fails removes what it sent
+(:func:`discard_upload`), and never writes a group ``zarr.json``.
 """
 
 from __future__ import annotations
@@ -30,7 +39,16 @@ from ..fs.temp import temp_sibling
 from ..fs.trust import Trust, make_dir
 from .urls import filesystem, node_dir, open_url_dir, version_name
 
-__all__ = ["check_target", "staging_dir", "upload_store"]
+__all__ = [
+    "check_target",
+    "discard_upload",
+    "download_files",
+    "shared_between_processes",
+    "staging_dir",
+    "upload_file",
+    "upload_store",
+    "withdraw_store",
+]
 
 _ARRAY_DIRS = (VECTORS, *INDEX_ARRAYS)
 
@@ -49,6 +67,54 @@ def check_target(url: str, *, overwrite: bool, storage_options: Mapping[str, Any
             f"{url!r} already holds a store; pass overwrite=True to replace it, or open it "
             "with tensorstore_cache.open_store"
         )
+
+
+def shared_between_processes(url: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether other processes see what one writes at ``url`` (``memory://`` is one process's)."""
+    fs, _root = filesystem(url, storage_options)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "memory" not in protocols
+
+
+def withdraw_store(url: str, *, storage_options: Mapping[str, Any] | None) -> None:
+    """Delete the group ``zarr.json`` at ``url`` (if any): readers then find no store there."""
+    fs, root = filesystem(url, storage_options)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(f"{root}/{GROUP}")
+
+
+def upload_file(
+    path: Path, url: str, rel: str, *, storage_options: Mapping[str, Any] | None
+) -> None:
+    """Upload the local file ``path`` as ``rel`` of the store at ``url`` (one atomic object)."""
+    fs, root = filesystem(url, storage_options)
+    fs.put_file(str(path), f"{root}/{rel}")
+
+
+def download_files(
+    url: str, rels: list[str], local: Path, *, storage_options: Mapping[str, Any] | None
+) -> None:
+    """Download files ``rels`` of the store being uploaded to ``url`` into ``local``."""
+    if rels:
+        fs, root = filesystem(url, storage_options)
+        for rel in rels:
+            (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        fs.get([f"{root}/{rel}" for rel in rels], [str(local / rel) for rel in rels])
+
+
+def discard_upload(url: str, *, storage_options: Mapping[str, Any] | None) -> None:
+    """Delete what a failed build sent to ``url``: every file of its arrays.
+
+    Only while no group ``zarr.json`` is there: a store published at ``url``
+    meanwhile (by another builder) is left alone. Objects of other names
+    under ``url`` are never touched.
+    """
+    fs, root = filesystem(url, storage_options)
+    if fs.exists(f"{root}/{GROUP}"):
+        return
+    found = _array_files(fs, root)
+    if found:
+        fs.rm([f"{root}/{rel}" for rel in found])
 
 
 def staging_dir(
@@ -73,6 +139,7 @@ def upload_store(
     local: Path,
     url: str,
     *,
+    uploaded: frozenset[str] = frozenset(),
     overwrite: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -80,15 +147,20 @@ def upload_store(
 ) -> None:
     """Upload the store directory ``local`` to ``url``; keep ``local`` as this node's copy.
 
-    Data files first, then the array metadata, the group ``zarr.json`` last.
-    Afterwards ``local`` is moved into the node-local cache as the copy of
-    the uploaded version, so opening ``url`` on this node downloads nothing;
-    ``local`` must lie on the same filesystem as ``node_dir(url, cache_dir)``
-    and have been built with the node cache's ``trust`` (its modes).
+    Data files first, then the array metadata, the group ``zarr.json`` last;
+    files in ``uploaded`` (shards the build's tasks sent) are at ``url``
+    already and need not be in ``local``. Files of the store's arrays at
+    ``url`` that the new store does not list (an old version's, a failed
+    build's) are deleted last. Afterwards ``local`` is moved into the
+    node-local cache as the copy of the uploaded version, so opening ``url``
+    on this node downloads nothing that ``local`` holds (missing shards are
+    fetched when first read); ``local`` must lie on the same filesystem as
+    ``node_dir(url, cache_dir)`` and have been built with the node cache's
+    ``trust`` (its modes).
     """
     trust = trust if trust is not None else Trust.private()
     fs, root = filesystem(url, storage_options)
-    raw = _upload(local, fs, root, overwrite, trust)
+    raw = _upload(local, fs, root, overwrite, uploaded, trust)
     base = node_dir(url, cache_dir)
     os.close(open_url_dir(url, cache_dir, trust, create=True))
     try:
@@ -98,32 +170,41 @@ def upload_store(
         pass  # this version is already here (identical bytes, by its checksums)
 
 
-def _upload(local: Path, fs: Any, root: str, overwrite: bool, trust: Trust) -> bytes:
+def _upload(
+    local: Path, fs: Any, root: str, overwrite: bool, uploaded: frozenset[str], trust: Trust
+) -> bytes:
     """Upload the store at ``local`` to ``root``: data, then array metadata, group ``zarr.json`` last."""
     raw = (local / GROUP).read_bytes()
-    files = sorted(GroupMetadata.read(local, trust=trust).files)
+    listed = sorted(GroupMetadata.read(local, trust=trust).files)
     if overwrite:
         with contextlib.suppress(FileNotFoundError):  # readers now find no store, not a mixed one
             fs.rm_file(f"{root}/{GROUP}")
+    files = [rel for rel in listed if rel not in uploaded]
     data = [rel for rel in files if not rel.endswith(GROUP)]
     meta = [rel for rel in files if rel.endswith(GROUP)]
     for part in (data, meta):
         if part:
             fs.put([str(local / rel) for rel in part], [f"{root}/{rel}" for rel in part])
     fs.pipe_file(f"{root}/{GROUP}", raw)
-    if overwrite:
-        keep = set(files)
-        stale = []
-        for name in _ARRAY_DIRS:
-            try:
-                found = fs.find(f"{root}/{name}")
-            except FileNotFoundError:
-                continue
-            prefix = root.strip("/") + "/"
-            for path in found:
-                rel = str(path).strip("/")
-                if rel.startswith(prefix) and rel[len(prefix) :] not in keep:
-                    stale.append(f"{root}/{rel[len(prefix):]}")
-        if stale:
-            fs.rm(stale)
+    keep = set(listed)
+    stale = [rel for rel in _array_files(fs, root) if rel not in keep]
+    if stale:
+        fs.rm([f"{root}/{rel}" for rel in stale])
     return raw
+
+
+def _array_files(fs: Any, root: str) -> list[str]:
+    """Store-relative paths of every file of the store's arrays at ``root``."""
+    prefix = root.strip("/") + "/"
+    rels = []
+    fs.invalidate_cache(root)  # other processes wrote here: list afresh
+    for name in _ARRAY_DIRS:
+        try:
+            found = fs.find(f"{root}/{name}")
+        except FileNotFoundError:
+            continue
+        for path in found:
+            rel = str(path).strip("/")
+            if rel.startswith(prefix):
+                rels.append(rel[len(prefix) :])
+    return rels

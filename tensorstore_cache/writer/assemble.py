@@ -42,7 +42,14 @@ from ..fs.durable import (
 from ..fs.renames import exchange_dirs
 from ..fs.trust import EXPLICIT, Trust, make_dir
 
-__all__ = ["finish_store", "publish", "rewrite_rows", "write_index", "write_shard_file"]
+__all__ = [
+    "finish_store",
+    "publish",
+    "rewrite_rows",
+    "seal",
+    "write_index",
+    "write_shard_file",
+]
 
 _QUIET = Trust.explicit(warn=False)
 #: File entries of a store being written: store-relative path -> (size, xxh3-128 hex).
@@ -201,6 +208,29 @@ def finish_store(
     return GroupMetadata(spec=spec, files=every, key_bytes_len=key_bytes_len)
 
 
+def seal(tmp: Path, meta: GroupMetadata, target: str, trust: Trust = EXPLICIT) -> None:
+    """Write the group metadata into ``tmp`` and check it as every reader will.
+
+    ``trust`` gives the group metadata its mode, and the finished store is
+    read back under it (a cache's part must pass the checks of its readers;
+    a store at a path the user names is not warned about here).
+
+    Raises
+    ------
+    BuildError
+        If the finished store fails the checks every reader applies (nothing
+        is to be published at ``target``).
+    """
+    meta.write(tmp, trust=trust)
+    try:  # publish only what readers accept (e.g. not metadata past their size caps)
+        GroupMetadata.read(tmp, trust=trust if trust.kind != "explicit" else _QUIET)
+    except CorruptStoreError as exc:
+        raise BuildError(
+            f"the finished store fails the checks every reader applies, so nothing was "
+            f"published at {target!r}: {exc}"
+        ) from exc
+
+
 def publish(
     tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool, trust: Trust = EXPLICIT
 ) -> None:
@@ -218,14 +248,7 @@ def publish(
     StoreExistsError
         If ``target`` appeared meanwhile and ``overwrite`` is false.
     """
-    meta.write(tmp, trust=trust)
-    try:  # publish only what readers accept (e.g. not metadata past their size caps)
-        GroupMetadata.read(tmp, trust=trust if trust.kind != "explicit" else _QUIET)
-    except CorruptStoreError as exc:
-        raise BuildError(
-            f"the finished store fails the checks every reader applies, so nothing was "
-            f"published at {str(target)!r}: {exc}"
-        ) from exc
+    seal(tmp, meta, str(target), trust)
     old: Path | None = None
     if overwrite and (target.exists() or target.is_symlink()):
         # one atomic swap where the system has it: readers see the old or the new store

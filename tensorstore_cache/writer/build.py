@@ -5,6 +5,11 @@ The coordinator plans the rows into shards, hands whole shards to workers
 publishes the finished directory with a single ``rename``. Everything before
 the rename happens in a hidden sibling directory, so a failed or killed build
 leaves nothing at the target.
+
+A build to an fsspec URL (:func:`build_to_url`) has its tasks upload the
+shards they write; the coordinator assembles the index and the metadata in a
+staging directory of the node cache, uploads them with the group
+``zarr.json`` last, and keeps that directory as this node's copy.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import shutil
 import textwrap
 import time
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +35,19 @@ from ..config import OnError
 from ..errors import BuildError, StoreExistsError
 from ..format.metadata import VECTORS, GroupMetadata, shard_key
 from ..format.spec import StoreSpec
-from ..fs.durable import fsync_dir, io_step, remove_partials
+from ..fs.durable import file_digest, fsync_dir, io_step, remove_partials
 from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
 from ..fs.trust import EXPLICIT, Trust, make_dir
 from ..loaders import Loader, LoaderInfo
-from .assemble import finish_store, publish, rewrite_rows
+from ..remote.upload import (
+    discard_upload,
+    download_files,
+    shared_between_processes,
+    staging_dir,
+    upload_store,
+    withdraw_store,
+)
+from .assemble import finish_store, publish, rewrite_rows, seal
 from .reentry import building
 from .schedule import run_tasks
 from .tasks import ShardTask, load_item
@@ -42,6 +56,7 @@ __all__ = [
     "BuildOptions",
     "build",
     "build_dir_target",
+    "build_to_url",
     "collect_debris",
     "default_workers",
     "rows_per_shard",
@@ -140,6 +155,39 @@ def _probe(
     return None
 
 
+def _plan(
+    keys: list[str], options: BuildOptions
+) -> tuple[StoreSpec, int, tuple[int, npt.NDArray[Any]] | None]:
+    """Return the spec of the store of ``keys``, the worker count and a probed item (if any)."""
+    np_dtype = np.dtype(options.dtype)
+    info = options.loader
+    n = len(keys)
+    nworkers = default_workers() if options.workers is None else int(options.workers)
+    if nworkers < 1:
+        raise ValueError(f"workers must be at least 1, got {options.workers!r}")
+    item_shape = info.item_shape
+    probed = None
+    if item_shape is None:
+        if not keys:
+            raise ValueError(
+                "no paths to build and the loader does not declare its item_shape; pass at "
+                "least one path or give the loader an item_shape attribute"
+            )
+        probed = _probe(info.fn, keys, np_dtype)
+        item_shape = probed[1].shape if probed is not None else (0,)
+    item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
+    spec = StoreSpec(
+        n=n,
+        item_shape=tuple(item_shape),
+        dtype=np_dtype.name,
+        loader_id=info.loader_id,
+        loader_params=info.params,
+        rows_per_shard=rows_per_shard(n, item_nbytes, nworkers, options.shard_bytes),
+        created_unix=time.time(),
+    )
+    return spec, nworkers, probed
+
+
 def build(keys: list[str], target: Path, options: BuildOptions) -> None:
     """Build the store of ``keys`` at ``target`` and publish it atomically.
 
@@ -165,45 +213,83 @@ def build(keys: list[str], target: Path, options: BuildOptions) -> None:
                 f"{str(target)!r} already exists; pass overwrite=True to replace it, or open it "
                 "with tensorstore_cache.open_store"
             )
-        np_dtype = np.dtype(options.dtype)
-        info = options.loader
-        n = len(keys)
-        nworkers = default_workers() if options.workers is None else int(options.workers)
-        if nworkers < 1:
-            raise ValueError(f"workers must be at least 1, got {options.workers!r}")
-        item_shape = info.item_shape
-        probed = None
-        if item_shape is None:
-            if not keys:
-                raise ValueError(
-                    "no paths to build and the loader does not declare its item_shape; pass at "
-                    "least one path or give the loader an item_shape attribute"
-                )
-            probed = _probe(info.fn, keys, np_dtype)
-            item_shape = probed[1].shape if probed is not None else (0,)
-        item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
-        spec = StoreSpec(
-            n=n,
-            item_shape=tuple(item_shape),
-            dtype=np_dtype.name,
-            loader_id=info.loader_id,
-            loader_params=info.params,
-            rows_per_shard=rows_per_shard(n, item_nbytes, nworkers, options.shard_bytes),
-            created_unix=time.time(),
-        )
+        spec, nworkers, probed = _plan(keys, options)
         target.parent.mkdir(parents=True, exist_ok=True)
         collect_debris(target)
         tmp = temp_dir(target)
         io_step("mkdir")
         make_dir(tmp, options.trust, exist_ok=False)
         try:
-            meta = _build_into(
-                tmp, spec, keys, options, workers=nworkers, target=target, probed=probed
+            meta, _sent = _build_into(
+                tmp, spec, keys, options, workers=nworkers, label=str(target), probed=probed
             )
             publish(tmp, target, meta, overwrite=options.overwrite, trust=options.trust)
         except BaseException:
             remove_tree(tmp)
             raise
+
+
+def build_to_url(
+    keys: list[str],
+    url: str,
+    options: BuildOptions,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Build the store of ``keys`` at the fsspec URL ``url``, its shards uploaded by their tasks.
+
+    Each shard task writes its shard to a local temporary file and uploads it
+    from the process (or machine) that runs it. This process then writes the
+    index and the metadata into a staging directory of the node cache,
+    uploads them, the group ``zarr.json`` last, and keeps the directory as
+    this node's copy of the new version (its shards are fetched when first
+    read). With ``options.overwrite`` the old group ``zarr.json`` is
+    deleted before the first shard is sent (shards are replaced in place),
+    so the old store is gone from ``url`` from then on, also if the build
+    fails. A build that fails deletes the files it sent, and never writes a
+    group ``zarr.json``; a task still running on a given executor then may
+    upload its shard afterwards, which no reader sees and the next build
+    there deletes. A ``memory://`` URL, which only this process sees,
+    has its shards written into the staging directory and uploaded from here.
+
+    Raises
+    ------
+    BuildError
+        If sources failed and ``options.on_error == "raise"``.
+    """
+    staging = staging_dir(url, cache_dir, trust=options.trust)
+    local = staging / "store"
+    options_dict = dict(storage_options) if storage_options is not None else None
+    upload = url if shared_between_processes(url, storage_options) else None
+    try:
+        with building(local):
+            spec, nworkers, probed = _plan(keys, options)
+            io_step("mkdir")
+            make_dir(local, options.trust, exist_ok=False)
+            if options.overwrite:
+                withdraw_store(url, storage_options=storage_options)
+            try:
+                meta, sent = _build_into(
+                    local, spec, keys, options, workers=nworkers, label=url, probed=probed,
+                    upload=upload, storage_options=options_dict,
+                )
+                seal(local, meta, url, options.trust)
+                upload_store(local, url, uploaded=sent, overwrite=options.overwrite,
+                             cache_dir=cache_dir, storage_options=storage_options,
+                             trust=options.trust)
+            except BaseException as exc:
+                try:
+                    discard_upload(url, storage_options=storage_options)
+                except Exception as cleanup:
+                    exc.add_note(
+                        f"the files this build uploaded to {url!r} could not all be deleted "
+                        f"({type(cleanup).__name__}: {cleanup}); no group zarr.json names them, "
+                        "so no reader sees them, and the next build there replaces them"
+                    )
+                raise
+    finally:
+        remove_tree(staging)
 
 
 def _build_into(
@@ -213,17 +299,22 @@ def _build_into(
     options: BuildOptions,
     *,
     workers: int,
-    target: Path,
+    label: str,
     probed: tuple[int, npt.NDArray[Any]] | None = None,
-) -> GroupMetadata:
+    upload: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[GroupMetadata, frozenset[str]]:
     """Write shards, index and array metadata into ``tmp``; return the group metadata.
 
-    ``probed`` is ``(row, value)`` of an item computed already (to learn the item shape).
+    ``label`` names the build's target in messages. ``probed`` is ``(row,
+    value)`` of an item computed already (to learn the item shape). With
+    ``upload`` (a URL) the tasks upload their shards there instead; the
+    shards that are there, not in ``tmp``, are returned with the metadata.
     """
     n, s = spec.n, spec.rows_per_shard
     if n and spec.item_shape == (0,):
         every = [(k, "the loader failed on every source") for k in keys]
-        raise BuildError(_failure_message(every, n, target), every)
+        raise BuildError(_failure_message(every, n, label), every)
     io_step("mkdir")
     make_dir(tmp / VECTORS, options.trust, exist_ok=False)
     tasks = [
@@ -237,6 +328,8 @@ def _build_into(
             rows_per_shard=s,
             write_on_failure=options.on_error == "skip",
             trust=options.trust,
+            upload=upload,
+            storage_options=storage_options,
         )
         for k in range(math.ceil(n / s))
     ]
@@ -245,7 +338,7 @@ def _build_into(
         tasks[row // s].computed[row % s] = value
     results = run_tasks(
         tasks, workers=workers, progress=options.progress, executor=options.executor,
-        target=target, n=n,
+        target=Path(label), n=n,
     )
     remove_partials(tmp / VECTORS)  # left by attempts killed mid-write, then retried
     failures: list[tuple[int, str, str]] = []
@@ -261,8 +354,18 @@ def _build_into(
     if failures and options.on_error == "raise":
         named = [(keys[i], reason) for i, reason, _frames in failures]
         frames = [f for _i, _reason, f in failures]
-        raise BuildError(_failure_message(named, n, target, frames), named)
+        raise BuildError(_failure_message(named, n, label, frames), named)
+    sent = frozenset(t.rel for t in tasks) if upload is not None else frozenset()
     if failures:
+        if upload is not None:  # the rows that failed are dropped from local copies
+            download_files(upload, sorted(sent), tmp, storage_options=storage_options)
+            for rel in sorted(sent):
+                if file_digest(tmp / rel) != (results[rel].size, results[rel].checksum):
+                    raise BuildError(
+                        f"shard {rel} read back from {upload!r} differs from what its task "
+                        "uploaded (another builder writing there?); nothing was published"
+                    )
+            sent = frozenset()
         keep = np.ones(n, dtype=bool)
         keep[[i for i, _r, _f in failures]] = False
         old_rows = [len(t.keys) for t in tasks]
@@ -273,9 +376,10 @@ def _build_into(
         sizes, mtimes = sizes[keep], mtimes[keep]
     else:
         files = {t.rel: (results[t.rel].size, results[t.rel].checksum) for t in tasks}
-    return finish_store(
+    meta = finish_store(
         tmp, spec, files, keys=keys, sizes=sizes, mtimes=mtimes, trust=options.trust
     )
+    return meta, sent
 
 
 def _drop_failed_rows(
@@ -313,7 +417,7 @@ def _drop_failed_rows(
 
 
 def _failure_message(
-    failures: list[tuple[str, str]], n: int, target: Path, frames: list[str] | None = None
+    failures: list[tuple[str, str]], n: int, target: str, frames: list[str] | None = None
 ) -> str:
     """Say which sources failed and why, with the loader's last frames of each failure."""
     lines = []
@@ -329,6 +433,6 @@ def _failure_message(
     shown = "\n".join(lines)
     more = f"\n  ... and {len(failures) - 10} more (see .failures)" if len(failures) > 10 else ""
     return (
-        f"{len(failures)} of {n} sources could not be loaded, so {str(target)!r} was not "
+        f"{len(failures)} of {n} sources could not be loaded, so {target!r} was not "
         f"built:\n{shown}{more}\nFix or remove them, or pass on_error='skip' to build the rest."
     )

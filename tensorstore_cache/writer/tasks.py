@@ -3,11 +3,15 @@
 A :class:`ShardTask` is everything needed to produce one shard file and is
 picklable, so any :class:`concurrent.futures.Executor` can run it (a Dask
 client's executor for a cluster); :mod:`.schedule` runs a build's tasks.
+A task of a build to a URL writes its shard to a local temporary file and
+uploads it from where it runs, so no directory is shared between the
+builder and the workers.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +20,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..format.metadata import VECTORS
 from ..fs.trust import EXPLICIT, Trust
 from ..loaders import Loader
+from ..remote.upload import upload_file
 from .assemble import write_shard_file
 
 __all__ = ["ShardResult", "ShardTask", "load_item", "run_shard"]
@@ -60,6 +66,9 @@ class ShardTask:
     items computed already, by row in the shard (the one that told the
     builder the item shape). ``trust`` gives the shard's directories and file
     the modes of the cache (or store) being built, in whatever process writes it.
+    With ``upload`` (the store's URL) the shard is written to a local temporary
+    file and uploaded there, ``root`` is not written; ``storage_options`` are
+    the URL's filesystem options.
     """
 
     root: str
@@ -72,6 +81,8 @@ class ShardTask:
     write_on_failure: bool
     computed: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
     trust: Trust = EXPLICIT
+    upload: str | None = None
+    storage_options: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -118,7 +129,17 @@ def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
             result.failures.append((i, f"{type(exc).__name__}: {exc}", _loader_frames(exc)))
     if result.failures and not task.write_on_failure:
         return result
-    result.size, result.checksum = write_shard_file(
-        Path(task.root), task.rel, block, task.rows_per_shard, task.trust
-    )
+    if task.upload is None:
+        result.size, result.checksum = write_shard_file(
+            Path(task.root), task.rel, block, task.rows_per_shard, task.trust
+        )
+        return result
+    with tempfile.TemporaryDirectory(prefix="tsc-shard-") as scratch:
+        (Path(scratch) / VECTORS).mkdir()
+        result.size, result.checksum = write_shard_file(
+            Path(scratch), task.rel, block, task.rows_per_shard
+        )
+        del block
+        upload_file(Path(scratch) / task.rel, task.upload, task.rel,
+                    storage_options=task.storage_options)
     return result

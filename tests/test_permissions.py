@@ -41,6 +41,7 @@ MALLORY = (64102, 64102, (64102,))
 def _preloaded() -> None:
     # the children cannot read the interpreter's files (root's home): import everything now
     _uids.preload("tensorstore_cache", skip=("torch",))
+    import tqdm.auto  # noqa: F401  (a build imports its progress bar when it starts)
     with contextlib.suppress(ImportError):
         import fsspec.implementations.memory  # noqa: F401
 
@@ -371,9 +372,11 @@ def test_two_users_of_a_group_build_once_and_both_read(
     # a later call of either is a hit, through TSC_CACHE_GROUP too
     assert run_as(b, get, str(team), sources, log, None, env={"TSC_CACHE_GROUP": group}) is not None
     assert len(log_lines(Path(log))) == len(sources)
-    # the same cache without share_with is refused, and says how to use it
-    with pytest.raises(tsc.UntrustedCacheError, match=f"share_with='{group}'"):
-        run_as(a, get, str(team), sources, log)
+    # the same cache without share_with is refused, and says how to use it, to the member
+    # who created its directory (group-writable) and to the other one (owned by someone else)
+    for user in (a, b):
+        with pytest.raises(tsc.UntrustedCacheError, match=f"share_with='{group}'"):
+            run_as(user, get, str(team), sources, log)
 
 
 def test_shared_cache_refuses_files_of_non_members(

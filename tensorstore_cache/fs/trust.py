@@ -360,12 +360,19 @@ def _check_slow(st: os.stat_result, where: str, trust: Trust) -> None:
         return
     if trust.kind == "private":
         if uid not in (euid, 0):
+            if _group_writable(st) and is_member(euid, st.st_gid):
+                # a cache shared with a group of ours: say which share_with opens it
+                group = group_name(st.st_gid)
+                share = (f"if the cache is meant to be shared with group {group}, pass "
+                         f"share_with={group!r} (or set TSC_CACHE_GROUP={group})")
+            else:
+                share = ("to share a cache with a team, every member passes share_with=GROUP "
+                         "(or sets TSC_CACHE_GROUP)")
             raise _refuse(
                 where, st, f"owned by {user_name(uid)}",
                 f"someone else ({user_name(uid)}) could have put any vectors in it",
                 "remove it (as its owner or root), or use a cache directory of your own "
-                "(cache_dir=... or TSC_CACHE_DIR); to share a cache with a team, every member "
-                "passes share_with=GROUP (or sets TSC_CACHE_GROUP)",
+                f"(cache_dir=... or TSC_CACHE_DIR); {share}",
             )
         if mode & 0o002:
             if stat.S_ISDIR(mode) and mode & stat.S_ISVTX:

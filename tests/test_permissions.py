@@ -41,7 +41,6 @@ MALLORY = (64102, 64102, (64102,))
 def _preloaded() -> None:
     # the children cannot read the interpreter's files (root's home): import everything now
     _uids.preload("tensorstore_cache", skip=("torch",))
-    import tqdm.auto  # noqa: F401  (a build imports its progress bar when it starts)
     with contextlib.suppress(ImportError):
         import fsspec.implementations.memory  # noqa: F401
 

@@ -26,6 +26,16 @@ __all__ = ["run_tasks"]
 logger = logging.getLogger("tensorstore_cache")
 
 
+class _NoBar:
+    """The progress bar of a build that shows none."""
+
+    def update(self, n: int) -> None:
+        """Count ``n`` items (nothing to show)."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
 def run_tasks(
     tasks: list[ShardTask],
     *,
@@ -42,12 +52,11 @@ def run_tasks(
     runs every task itself. ``progress`` shows a bar of the ``n`` items of
     the build of ``target``.
     """
-    # imported here: at module level it adds ~0.1 s to every import of the package
-    from tqdm.auto import tqdm
+    bar: Any = _NoBar()
+    if progress:  # imported only for a bar: at module level it adds ~0.1 s to every import
+        from tqdm.auto import tqdm
 
-    bar = tqdm(
-        total=n, unit="item", desc=f"building {target.name}", disable=not progress, smoothing=0.1
-    )
+        bar = tqdm(total=n, unit="item", desc=f"building {target.name}", smoothing=0.1)
     try:
         if executor is not None:
             given = executor

@@ -1,10 +1,14 @@
-# `make test` and `make bench` each set up .venv on a fresh machine by themselves.
+# `make test` and `make bench` each set up .venv on a fresh machine by themselves;
+# `make bench` also sets up the peers' environments of the records benchmark (`make peers`).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PEERS     := .venv-peers
+PEERS_MDS := .venv-peers-mds
+REQ       := benchmarks/requirements
 
-.PHONY: test bench lint install clean
+.PHONY: test bench lint install peers clean docs docs-serve
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,9 +28,50 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
+# The documentation site (mkdocs.yml): built strictly into site/, or served while editing.
+# The tests build it too (tests/test_docs.py), with every example of the pages run.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 	$(BIN)/python -m benchmarks.sweep
+	$(MAKE) --no-print-directory peers
+	$(BIN)/python -m benchmarks.records
+
+# The peers of benchmarks/records.py, each environment logged to its .log. A peer that does
+# not install is not an error here: the benchmark reports it as not installed, with why.
+peers:
+	@for venv in $(PEERS) $(PEERS_MDS); do \
+	  echo "setting up $$venv (log: $$venv.log)"; \
+	  $(MAKE) --no-print-directory $$venv/.installed > $$venv.log 2>&1 \
+	    || { tail -n 15 $$venv.log; echo "$$venv is incomplete (see $$venv.log):" \
+	         "benchmarks.records reports its methods as not installed"; }; \
+	done
+
+# torch as in .venv (the CPU build, first); litData without its torchvision requirement
+$(PEERS)/.installed: $(REQ)/peers.txt $(REQ)/peers-nodeps.txt
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/bin/python -m pip install --quiet torch==2.13.0
+	$(PEERS)/bin/python -m pip install --quiet --no-deps -r $(REQ)/peers-nodeps.txt
+	$(PEERS)/bin/python -m pip install --quiet -r $(REQ)/peers.txt
+	$(PEERS)/bin/python -c "import datasets, litdata, torch; print(torch.__version__)"
+	touch $@
+
+# `import streaming` needs torchvision: torch 2.14.1 + torchvision 0.29.1 (see peers-mds.txt)
+$(PEERS_MDS)/.installed: $(REQ)/peers-mds.txt $(REQ)/peers-mds-nodeps.txt
+	test -x $(PEERS_MDS)/bin/python || $(PYTHON) -m venv $(PEERS_MDS)
+	$(PEERS_MDS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_MDS)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(PEERS_MDS)/bin/python -m pip install --quiet --no-deps -r $(REQ)/peers-mds-nodeps.txt
+	$(PEERS_MDS)/bin/python -m pip install --quiet -r $(REQ)/peers-mds.txt
+	$(PEERS_MDS)/bin/python -c "import streaming, torch, torchvision; print(torch.__version__)"
+	touch $@
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) $(PEERS_MDS) $(PEERS).log $(PEERS_MDS).log build site *.egg-info \
+	  .pytest_cache .mypy_cache .ruff_cache

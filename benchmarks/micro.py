@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import make_images
+from benchmarks._portable import portable
 from benchmarks._report import environment
 from benchmarks.methods._base import ITEM_SHAPE, SIZE, SyntheticLoader
 
@@ -119,7 +120,7 @@ def synthetic_store(n: int, work: Path) -> Path:
     paths = [f"/synthetic/{i // 1000:04d}/{i:08d}.jpg" for i in range(n)]
     loader = SyntheticLoader()
     tsc.build_store(paths, target, loader=loader, loader_id=loader.loader_id, workers=2,
-                    progress=False).close()
+                    progress=False, identity="none").close()
     return target
 
 
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     res["access"] = bench_access(work / f"synthetic-{max(sizes)}.tsc", work, budget)
     shutil.rmtree(work, ignore_errors=True)
     args.results.mkdir(parents=True, exist_ok=True)
+    res = portable(res, data=data, workdir=base, results=args.results)
     (args.results / "micro.json").write_text(json.dumps(res, indent=1) + "\n")
     print(table(res))
     return 0

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks._portable import portable
+
 ITEM = (3, 32, 32)
 
 
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
                 tsc.build_store([_key(i) for i in range(args.n)], url, loader=cover,
                                 loader_id="bench.cover/1", shard_bytes=args.shard_bytes,
                                 workers=1, progress=False, cache_dir=work / "builder",
-                                storage_options=options, overwrite=True).close()
+                                storage_options=options, overwrite=True, identity="none").close()
                 print(f"built and uploaded {args.n} covers in {time.perf_counter() - t:.1f} s")
             probe = tsc.open_store(url, cache_dir=work / "probe", storage_options=options)
             spec_ = probe.spec
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| ratio capped / uncapped | {capped['getitem_us'] / uncapped['getitem_us']:.1f}x"
                   f" | {capped['take256_ms'] / uncapped['take256_ms']:.2f}x |")
             if args.json:
-                Path(args.json).write_text(json.dumps(results, indent=1))
+                Path(args.json).write_text(json.dumps(portable(results), indent=1))
     finally:
         if server is not None:
             server.stop()

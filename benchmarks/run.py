@@ -42,6 +42,7 @@ import numpy as np
 from benchmarks import _plots, _report, make_images, methods
 from benchmarks._driver import AGENT_TIMEOUT_S, set_start_method
 from benchmarks._memory import available_memory, gb
+from benchmarks._portable import portable
 from benchmarks._results import ResultsFile
 from benchmarks._rounds import (
     Config,
@@ -230,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     if previous and len(report["methods"]) == count:
         report["env"]["runs"].pop()  # nothing measured: the tables and plots are redrawn
         log(f"{files.json}: every method is measured; tables and plots redrawn")
-        _save(report, files, None)
+        _save(report, files, None, cfg)
     else:
-        _save(report, files, started)
-    text = _report.markdown(report)
+        _save(report, files, started, cfg)
+    text = _report.markdown(_shown(report, cfg))
     _plots.plots(report, files.directory, prefix=files.plot_prefix)
     print(text)
     failed = [f"{m} ({k})" for m, r in report["methods"].items()
@@ -262,12 +263,21 @@ def _measure(cfg: Config, report: dict[str, Any], files: ResultsFile, started: f
         rec["measured"] = {"date": _report.now(), "wall_s": round(time.time() - method_t0, 1)}
         report["methods"][name] = rec
         report["methods"] = _order(report["methods"], cfg.methods)
-        _save(report, files, started)
+        _save(report, files, started, cfg)
 
 
-def _save(report: dict[str, Any], files: ResultsFile, started: float | None) -> None:
+def _shown(report: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """The report as written: its paths relative to the checkout or as ``<data>``,
+    ``<workdir>``, ``<results>`` (see :mod:`benchmarks._portable`)."""
+    shown: dict[str, Any] = portable(report, data=cfg.data, workdir=cfg.workdir,
+                                     results=cfg.results)
+    return shown
+
+
+def _save(report: dict[str, Any], files: ResultsFile, started: float | None,
+          cfg: Config) -> None:
     """Rewrite the results file and its table with what is measured so far (and this
-    run's wall time, unless ``started`` is None)."""
+    run's wall time, unless ``started`` is None), with portable paths."""
     env = report["env"]
     runs = env.setdefault("runs", [{}])
     if started is not None:
@@ -276,7 +286,8 @@ def _save(report: dict[str, Any], files: ResultsFile, started: float | None) -> 
     report["config"]["methods"] = list(report["methods"])
     report["targets"] = _report.targets(report["methods"], report["open_vs_n"],
                                         report["config"]["open_sizes"])
-    files.save(report, _report.markdown(report))
+    shown = _shown(report, cfg)
+    files.save(shown, _report.markdown(shown))
 
 
 if __name__ == "__main__":

@@ -41,13 +41,14 @@ from typing import Any
 import numpy as np
 
 import tensorstore_cache as tsc
+from benchmarks._portable import portable
 from tensorstore_cache.config import SHARD_BYTES
 from tensorstore_cache.format.metadata import GroupMetadata, expected_files
 from tensorstore_cache.format.shard import write_shard
 from tensorstore_cache.format.spec import StoreSpec
 from tensorstore_cache.fs.durable import write_json_durable
 from tensorstore_cache.writer.assemble import write_index
-from tensorstore_cache.writer.build import rows_per_shard
+from tensorstore_cache.writer.builder import rows_per_shard
 
 from .make_images import generate
 
@@ -264,7 +265,7 @@ def measure_index(work: Path, n: int) -> dict[str, float]:
     shutil.rmtree(target, ignore_errors=True)
     with Clock() as c:
         tsc.build_store(
-            keys, target, loader=TinyLoader(), loader_id="tiny", dtype="uint8", progress=False
+            keys, target, loader=TinyLoader(), loader_id="tiny", dtype="uint8", progress=False, identity="none"
         ).close()
     out[f"index{tag}_tiny_build_s_wall"] = c.wall
     out[f"index{tag}_tiny_build_s_cpu"] = c.cpu
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
     print(_table(results))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(portable(results), indent=1) + "\n")
     return 0
 
 

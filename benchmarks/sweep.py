@@ -44,6 +44,7 @@ from typing import Any
 
 from benchmarks import _report, _sweep_report, make_images, methods
 from benchmarks._node_memory import NodeMemory
+from benchmarks._portable import portable
 from benchmarks._sweep_agents import Job, run_lanes
 from benchmarks.methods._base import ITEM_BYTES, dir_bytes
 from benchmarks.sweep_trial import AUTHKEY_ENV
@@ -338,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     env["sizes"]["covers"] = cfg.images
     env["sizes"]["vector_bytes"] = cfg.images * ITEM_BYTES
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    report = _sweep_report.build(env, config, runs)
+    # as written: paths relative to the checkout or as <data>, <workdir>, <results>
+    report = portable(_sweep_report.build(env, config, runs), data=cfg.data,
+                      workdir=cfg.workdir, results=cfg.results)
     cfg.results.mkdir(parents=True, exist_ok=True)
     _sweep_report.write(report, cfg.results, cfg.out)
     print(_sweep_report.markdown(report))

@@ -101,18 +101,19 @@ def cover_cnn() -> Any:
     )
 
 
-def batches(ds: Any, batch_size: int, generator: Any = None) -> Any:
-    """A DataLoader drawing whole batches of indices, shuffled by ``generator`` if given.
+def batches(ds: Any, batch_size: int, seed: int | None = None) -> Any:
+    """A DataLoader drawing whole batches of indices, shuffled by ``seed`` if given.
 
-    The same sampler as ``StoreDataset.dataloader``: with the same generator seed, every
-    method's trial sees the same batches in the same order.
+    The sampler of ``StoreDataset.dataloader(batch_size, shuffle=True, seed=seed)``: with
+    the same seed, every method's trial sees the same batches in the same order.
     """
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+    from torch.utils.data import DataLoader
 
-    order = RandomSampler(ds, generator=generator) if generator is not None else \
-        SequentialSampler(ds)
-    return DataLoader(ds, batch_size=None,
-                      sampler=BatchSampler(order, batch_size=batch_size, drop_last=False))
+    from tensorstore_cache.torch import StoreSampler
+
+    sampler = StoreSampler(len(ds), global_batch_size=batch_size, seed=seed or 0,
+                           shuffle=seed is not None, drop_last=False, rank=0, world_size=1)
+    return DataLoader(ds, batch_size=None, sampler=sampler)
 
 
 def _positions(unique: list[str], paths: Any) -> Any:
@@ -141,14 +142,13 @@ def get_data(spec: dict[str, Any], tables: dict[str, Any], meter: Any,
     must stay alive while they are used.
     """
     import numpy as np
-    import torch
 
     import tensorstore_cache as tsc
 
     method = spec["method"]
     train, test = tables["train"], tables["test"]
     fit, val, test_rows = tables["fit"], tables["val"], tables["test_rows"]
-    generator = torch.Generator().manual_seed(spec["seed"])
+    seed = int(spec["seed"])
     bs = int(spec["params"]["batch_size"])
     fit_y = fit["rating"].to_numpy(np.float32)
     val_y = val["rating"].to_numpy(np.float32)
@@ -163,7 +163,7 @@ def get_data(spec: dict[str, Any], tables: dict[str, Any], meter: Any,
         fit_ds = StoreDataset(store, fit["img_path"], targets=fit_y)
         val_ds = StoreDataset(store, val["img_path"], targets=val_y)
         test_ds = StoreDataset(test_store, test_rows["img_path"])
-        return fit_ds.dataloader(bs, shuffle=True, generator=generator), val_ds, test_ds, \
+        return fit_ds.dataloader(bs, shuffle=True, seed=seed), val_ds, test_ds, \
             (store, test_store)
     module = importlib.import_module(MODULES[method][-1])
     impl = module.METHOD
@@ -180,7 +180,7 @@ def get_data(spec: dict[str, Any], tables: dict[str, Any], meter: Any,
     fit_rows = RowsDataset(train_col, _positions(train_unique, fit["img_path"]), fit_y)
     val_rows = RowsDataset(train_col, _positions(train_unique, val["img_path"]), val_y)
     test_rows_ds = RowsDataset(test_col, _positions(test_unique, test_rows["img_path"]))
-    return batches(fit_rows, bs, generator), val_rows, test_rows_ds, columns
+    return batches(fit_rows, bs, seed), val_rows, test_rows_ds, columns
 
 
 def _eval(model: Any, ds: Any, method: str) -> Any:

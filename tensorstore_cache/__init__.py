@@ -7,13 +7,15 @@ and zero-copy through the OS page cache.
 Examples
 --------
 >>> import tensorstore_cache as tsc
->>> store = tsc.build_store(paths, "covers.tsc", size=(32, 32))  # doctest: +SKIP
->>> store = tsc.open_store("covers.tsc")                         # doctest: +SKIP
->>> batch = store.take(store.rows(paths))                        # doctest: +SKIP
+>>> store = tsc.build_store(paths, "covers.tsc", size=(32, 32), progress=False)
+>>> store = tsc.open_store("covers.tsc")  # in any process
+>>> batch = store.take(store.rows(paths))
+>>> batch.shape
+(8, 3, 32, 32)
 """
 
 from ._api import build_store, cached, open_store, verify_store
-from .cache.gc import CacheInfo, Removed, gc, list_caches
+from .cache import CacheInfo, Removed, gc, list_caches
 from .config import __version__
 from .errors import (
     BuildError,
@@ -30,10 +32,9 @@ from .errors import (
     TensorStoreCacheError,
     UntrustedCacheError,
 )
-from .format.spec import FORMAT_VERSION, StoreSpec
-from .format.verify import VerifyReport
+from .format import FORMAT_VERSION, Fixed, Ragged, StoreSpec, Text, VerifyReport
 from .loaders import ImageLoader, to_float32
-from .reader.store import CacheStore
+from .reader import CacheStore, Record
 
 __all__ = [
     "BuildError",
@@ -42,8 +43,11 @@ __all__ = [
     "CacheStore",
     "CorruptStoreError",
     "FORMAT_VERSION",
+    "Fixed",
     "ImageLoader",
     "KeyNotInStoreError",
+    "Ragged",
+    "Record",
     "ReentrantBuildError",
     "Removed",
     "StaleSourceError",
@@ -54,6 +58,7 @@ __all__ = [
     "StoreReplacedError",
     "StoreSpec",
     "TensorStoreCacheError",
+    "Text",
     "UntrustedCacheError",
     "VerifyReport",
     "__version__",

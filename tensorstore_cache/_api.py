@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -20,23 +20,37 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .cache.cached import CacheOptions, cached_store
-from .cache.namespace import is_namespace, open_namespace
+from .cache import CacheOptions, NamespaceDirectory, cached_store, is_namespace
 from .config import Check, LocalCopy, OnError, OnStale, check_mode
 from .errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError
-from .format.keys import normalize_keys
-from .format.metadata import GROUP
-from .format.verify import Problem, VerifyReport, verify_segment, verify_segments
-from .fs.mounts import network_mount
-from .fs.trust import Trust, resolve_trust
+from .format import (
+    GROUP,
+    Field,
+    Problem,
+    VerifyReport,
+    normalize_keys,
+    verify_segment,
+)
+from .fs import Trust, network_mount, resolve_trust
 from .loaders import Loader, resolve_loader
-from .reader.store import CacheStore, open_directory
-from .remote.budget import requested_cap
-from .remote.fetch import fetch_store
-from .remote.shards import NodeShards
-from .remote.upload import check_target
-from .remote.urls import file_url_path, is_url, open_url_dir, remote_cache_root
-from .writer.build import BuildOptions, build, build_to_url
+from .reader import (
+    CacheStore,
+    Identity,
+    Location,
+    StoreDirectory,
+    open_directory,
+    resolve_identity,
+    token_map,
+)
+from .remote import (
+    RemoteStore,
+    check_target,
+    file_url_path,
+    is_url,
+    remote_cache_root,
+    requested_cap,
+)
+from .writer import BuildOptions, build, build_to_url, normalize_fields
 
 __all__ = ["build_store", "cached", "open_store", "verify_store"]
 
@@ -129,14 +143,55 @@ def open_store(
 
     Examples
     --------
-    >>> store = open_store("covers.tsc")  # doctest: +SKIP
-    >>> store.spec.item_shape             # doctest: +SKIP
+    >>> _ = tsc.build_store(paths, "covers.tsc", progress=False)
+    >>> store = tsc.open_store("covers.tsc")  # in any process: maps, reads nothing
+    >>> store.spec.item_shape, len(store)
+    ((3, 32, 32), 8)
+    >>> store[paths[0]].shape
     (3, 32, 32)
-    >>> store = open_store("s3://bucket/covers.tsc", cache_dir="/nvme/tsc",
-    ...                    max_bytes=50 << 30)  # doctest: +SKIP
+
+    A store in object storage is opened the same way, through the node cache:
+    ``tsc.open_store("s3://bucket/covers.tsc", cache_dir="/nvme/tsc", max_bytes=50 << 30)``.
+    """
+    where = _resolve(path, cache_dir=cache_dir, storage_options=storage_options,
+                     share_with=share_with, max_bytes=max_bytes, local_copy=local_copy)
+    store = where.open()
+    if prefetch:
+        store.prefetch(background=True)
+    return store
+
+
+def _unused(given: dict[str, object], why: str) -> None:
+    """Refuse the options of ``given`` that were passed (not None): they do not apply."""
+    names = [name for name, value in given.items() if value is not None]
+    if names:
+        shown = ", ".join(repr(n) for n in names)
+        raise TypeError(
+            f"{shown} {'was' if len(names) == 1 else 'were'} provided but unused: {why}; "
+            f"remove {'it' if len(names) == 1 else 'them'}"
+        )
+
+
+def _resolve(
+    path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None,
+    storage_options: dict[str, Any] | None,
+    share_with: str | int | None,
+    max_bytes: int | None,
+    local_copy: LocalCopy,
+) -> Location:
+    """Turn what ``open_store`` was given into the location of a store, once.
+
+    A URL is a :class:`~tensorstore_cache.remote.copy.RemoteStore`; a cache
+    namespace directory a :class:`~tensorstore_cache.cache.namespace.NamespaceDirectory`;
+    a store directory a :class:`~tensorstore_cache.reader.assembly.StoreDirectory`,
+    or a ``RemoteStore`` of a ``local://`` URL when it is read through the node
+    cache. Options that do not apply to the route taken are refused.
     """
     check_mode("local_copy", local_copy, LocalCopy)
     requested_cap(max_bytes)  # checks the value and $TSC_CACHE_MAX_BYTES
+    cache = None if cache_dir is None else os.fspath(cache_dir)
     if isinstance(path, str) and is_url(path):
         local = file_url_path(path)
         if local is None:
@@ -145,20 +200,27 @@ def open_store(
                     f"local_copy='never' cannot open {path!r}: a URL is read through the node "
                     "cache; pass local_copy='auto'"
                 )
-            return _open_url(path, cache_dir, storage_options, resolve_trust(share_with),
-                             max_bytes=max_bytes, prefetch=prefetch, local_copy=local_copy)
+            _check_cache_local(cache_dir, local_copy)
+            return RemoteStore(url=path, cache_dir=cache, storage_options=storage_options,
+                               trust=resolve_trust(share_with), max_bytes=max_bytes)
         path = local
     root = Path(os.fspath(path))
-    trust = Trust.explicit(root)  # a path the user names: warned about, never refused
+    _unused({"storage_options": storage_options}, f"{str(root)!r} is a local path")
     if is_namespace(root):  # a directory of tensorstore_cache.cached(): all its live parts
-        return open_namespace(root, trust=trust)
+        _unused({"cache_dir": cache_dir, "share_with": share_with, "max_bytes": max_bytes,
+                 "local_copy": None if local_copy == "auto" else local_copy},
+                f"{str(root)!r} is a cache namespace, opened where it lies")
+        return NamespaceDirectory(str(root), Trust.explicit(root))
+    if local_copy == "never":
+        _unused({"cache_dir": cache_dir, "share_with": share_with, "max_bytes": max_bytes},
+                "local_copy='never' maps the store's files in place, without the node cache")
     if local_copy == "always" or (local_copy == "auto" and _on_network(root)):
         if not root.is_dir():
             raise StoreNotFoundError(f"no store at {str(root)!r}")
-        return _open_url(f"local://{os.path.realpath(root)}", cache_dir, None,
-                         resolve_trust(share_with), max_bytes=max_bytes, prefetch=prefetch,
-                         local_copy=local_copy)
-    return open_directory(root, trust=trust)
+        _check_cache_local(cache_dir, local_copy)
+        return RemoteStore(url=f"local://{os.path.realpath(root)}", cache_dir=cache,
+                           trust=resolve_trust(share_with), max_bytes=max_bytes)
+    return StoreDirectory(str(root), Trust.explicit(root))
 
 
 def _on_network(root: Path) -> bool:
@@ -195,68 +257,6 @@ def _check_cache_local(cache_dir: str | os.PathLike[str] | None, local_copy: Loc
 _WARNED_CACHES: set[str] = set()
 
 
-def _open_url(
-    url: str,
-    cache_dir: str | os.PathLike[str] | None,
-    storage_options: Mapping[str, Any] | None,
-    trust: Trust,
-    *,
-    max_bytes: int | None = None,
-    prefetch: bool = False,
-    local_copy: LocalCopy = "auto",
-) -> CacheStore:
-    """Open the store at ``url`` through the node cache (its metadata and index fetched first)."""
-    _check_cache_local(cache_dir, local_copy)
-    local = fetch_store(url, cache_dir=cache_dir, storage_options=storage_options, trust=trust)
-    store = _open_copy(url, str(local), None if cache_dir is None else os.fspath(cache_dir),
-                       None if storage_options is None else dict(storage_options), trust,
-                       max_bytes)
-    if prefetch:
-        store.prefetch(background=True)
-    return store
-
-
-def _open_copy(
-    url: str,
-    local: str,
-    cache_dir: str | None,
-    storage_options: dict[str, Any] | None,
-    trust: Trust,
-    max_bytes: int | None = None,
-) -> CacheStore:
-    # opened from the checked directory of the URL in the node cache, under the cache's rules;
-    # pickled, the store reopens this node's copy when it exists (no request), else the URL
-    supply = NodeShards(url, Path(local), storage_options=storage_options, max_bytes=max_bytes,
-                        trust=trust)
-    try:
-        parent = open_url_dir(url, cache_dir, trust)
-        try:
-            return open_directory(
-                local, supply=supply, budget=supply.budget,
-                reopen=(_reopen_url, (url, local, cache_dir, storage_options, trust, max_bytes)),
-                trust=trust, parent_fd=parent,
-            )
-        finally:
-            os.close(parent)
-    except BaseException:
-        supply.close()
-        raise
-
-
-def _reopen_url(
-    url: str,
-    local: str,
-    cache_dir: str | None,
-    storage_options: dict[str, Any] | None,
-    trust: Trust,
-    max_bytes: int | None = None,
-) -> CacheStore:
-    """Unpickle a store opened from a URL: its local copy if this node has it, else the URL."""
-    if os.path.isfile(os.path.join(local, GROUP)):
-        return _open_copy(url, local, cache_dir, storage_options, trust, max_bytes)
-    return _open_url(url, cache_dir, storage_options, trust, max_bytes=max_bytes)
-
-
 def build_store(
     paths: Iterable[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -274,8 +274,10 @@ def build_store(
     storage_options: dict[str, Any] | None = None,
     share_with: str | int | None = None,
     shard_bytes: int = config.SHARD_BYTES,
+    fields: Mapping[str, Field] | Sequence[str] | None = None,
+    identity: Identity | None = None,
 ) -> CacheStore:
-    """Build a store of one vector per distinct path, publish it atomically, open it.
+    """Build a store of one vector (or record) per distinct path, publish it atomically, open it.
 
     Parameters
     ----------
@@ -325,7 +327,7 @@ def build_store(
         .get_executor()``); every task writes one whole shard into the build
         directory next to ``out``, which must be on a filesystem all workers
         share, or, for a URL ``out``, uploads it there. Tasks may be retried (a killed worker): a shard is written to a
-        ``.partial`` file and renamed, so a retry replaces it safely. Pass
+        hidden temporary file and renamed, so a retry replaces it safely. Pass
         ``workers=`` the cluster's thread count so that there are enough shards.
     cache_dir
         For a URL ``out``: the local cache directory (default
@@ -362,9 +364,12 @@ def build_store(
 
     Examples
     --------
-    >>> store = build_store(df["img_path"], "covers.tsc", size=(32, 32))  # doctest: +SKIP
-    >>> store[df["img_path"][0]].shape                                     # doctest: +SKIP
-    (3, 32, 32)
+    >>> store = tsc.build_store(paths, "covers.tsc", size=(32, 32), progress=False)
+    >>> store[paths[0]].shape, store.spec.dtype
+    ((3, 32, 32), 'float32')
+    >>> u8 = tsc.build_store(paths, "covers-u8.tsc", dtype="uint8", progress=False)
+    >>> np.array_equal(tsc.to_float32(u8.stack(paths)), store.stack(paths))
+    True
     """
     check_mode("on_error", on_error, OnError)
     if type(shard_bytes) is not int or shard_bytes < 1:
@@ -376,7 +381,21 @@ def build_store(
             out, url = local, None
         else:
             check_target(url, overwrite=overwrite, storage_options=storage_options)
+    if url is None:
+        _unused({"storage_options": storage_options, "share_with": share_with,
+                 "cache_dir": cache_dir},
+                f"{os.fspath(out)!r} is a local path: the store is written there, with your "
+                "umask's modes, and no node cache is involved")
     np_dtype = np.dtype(dtype).name
+    schema, names = normalize_fields(fields)
+    kind, token_fn = resolve_identity(identity, None)
+    if kind == "content":
+        raise ValueError(
+            "identity='content' is kept by cached(), whose parts record content hashes beside "
+            "them; a store at a path you name records each source's stat (identity='stat'), "
+            "nothing ('none') or version tokens (a function)"
+        )
+    keys = list(dict.fromkeys(normalize_keys(paths)))
     options = BuildOptions(
         loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype),
         dtype=np_dtype,
@@ -386,8 +405,11 @@ def build_store(
         overwrite=overwrite,
         executor=executor,
         shard_bytes=shard_bytes,
+        schema=schema,
+        names=names,
+        identity=kind,
+        tokens=None if token_fn is None else token_map(keys, token_fn),
     )
-    keys = list(dict.fromkeys(normalize_keys(paths)))
     if url is None:
         target = Path(os.fspath(out))
         build(keys, target, options)
@@ -395,7 +417,8 @@ def build_store(
     trust = resolve_trust(share_with)
     build_to_url(keys, url, dataclasses.replace(options, trust=trust), cache_dir=cache_dir,
                  storage_options=storage_options)
-    return _open_url(url, cache_dir, storage_options, trust)
+    return RemoteStore(url=url, cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+                       storage_options=storage_options, trust=trust).open()
 
 
 def cached(
@@ -409,11 +432,13 @@ def cached(
     workers: int | None = None,
     on_error: OnError = "raise",
     progress: bool = True,
-    check: Check = "stat",
+    check: Check | None = None,
     on_stale: OnStale = "rebuild",
     lock_timeout: float | None = None,
     executor: Executor | None = None,
     share_with: str | int | None = None,
+    fields: Mapping[str, Field] | Sequence[str] | None = None,
+    identity: Identity | None = None,
 ) -> CacheStore:
     """Return a store holding the vector of every path, computing only what is missing.
 
@@ -458,11 +483,20 @@ def cached(
         listed in ``store.spec.skipped`` and retried by the next call.
     progress
         Show build progress, and say on stderr whom this call waits for.
+    identity
+        How a cached entry is known to be current: ``"stat"`` (default: the
+        source's size and mtime are those recorded before it was read),
+        ``"content"`` (its content hash is; reads every source, and records
+        hashes of what it builds), ``"none"`` (never stale, and no system call
+        on a key: keys need not be files, e.g. product ids or URLs), or a
+        function ``keys -> uint64 array`` of version tokens (an ETag, a
+        database ``updated_at``), called once per call with the requested
+        keys, whose changed tokens make their entries stale. Entries recorded
+        under another kind are stale once. Under ``"stat"`` a key that is not a
+        file fails its build, saying to pass ``"none"`` or a function.
     check
-        How a cached entry is known to be current: ``"stat"`` (the source's
-        size and mtime are those recorded when it was computed) or ``"hash"``
-        (its content hash is; reads every source, and records hashes of what
-        it builds).
+        The older name of ``identity``: ``"stat"`` or ``"hash"`` (``"content"``);
+        passing both raises ``TypeError``.
     on_stale
         What to do with stale entries: ``"rebuild"`` (recompute them into a
         new part that overrides the old entries), ``"raise"``
@@ -509,13 +543,17 @@ def cached(
 
     Examples
     --------
-    >>> store = cached(df["img_path"], size=(32, 32))   # doctest: +SKIP
-    >>> batch = store.take(store.rows(df["img_path"]))  # doctest: +SKIP
+    >>> store = tsc.cached(paths[:5], size=(32, 32), progress=False)  # builds 5
+    >>> store = tsc.cached(paths, size=(32, 32), progress=False)      # builds the 3 new ones
+    >>> batch = store.take(store.rows(paths))
+    >>> batch.shape, tsc.list_caches()[0].parts
+    ((8, 3, 32, 32), 2)
     """
     check_mode("on_error", on_error, OnError)
-    check_mode("check", check, Check)
+    kind, tokens = resolve_identity(identity, check)
     check_mode("on_stale", on_stale, OnStale)
     np_dtype = np.dtype(dtype).name
+    schema, names = normalize_fields(fields)
     build_options = BuildOptions(
         loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype, strict=True),
         dtype=np_dtype,
@@ -524,11 +562,14 @@ def cached(
         progress=progress,
         executor=executor,
         trust=resolve_trust(share_with),
+        schema=schema,
+        names=names,
     )
-    root = Path(os.fspath(cache_dir)) if cache_dir is not None else config.default_cache_dir()
+    root = config.cache_root(cache_dir)
     keys = list(dict.fromkeys(normalize_keys(paths)))
     options = CacheOptions(
-        build=build_options, check=check, on_stale=on_stale, lock_timeout=lock_timeout
+        build=build_options, identity=kind, tokens=tokens, on_stale=on_stale,
+        lock_timeout=lock_timeout
     )
     return cached_store(root, keys, options)
 
@@ -553,13 +594,23 @@ def verify_store(target: CacheStore | str | os.PathLike[str]) -> VerifyReport:
     ------
     StoreNotFoundError
         If there is no store at ``target``.
+
+    Examples
+    --------
+    >>> _ = tsc.build_store(paths, "covers.tsc", progress=False)
+    >>> report = tsc.verify_store("covers.tsc")
+    >>> report.ok, report.files_checked
+    (True, 14)
     """
     if isinstance(target, CacheStore):
-        return verify_segments(target.location, target.segments)
+        return target.report()
     path = Path(os.fspath(target))
     if (path / GROUP).is_file() or (path / GROUP).is_symlink():
         report = VerifyReport(str(path))
         report.extend(verify_segment(path))
+        if report.ok:  # the files are sound: check the offsets of ragged fields too
+            with open_directory(path) as store:
+                report.problems.extend(store.report().problems)
         return report
     try:  # a layout of several segments, or no store: let open_store decide
         with open_store(path) as store:

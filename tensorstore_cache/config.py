@@ -24,11 +24,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 __all__ = [
-    "BUILD_MARK",
     "CACHE_DIR_ENV",
     "CACHE_GROUP_ENV",
-    "FETCH_MARK",
-    "GC_MARK",
     "LOCKS_ENV",
     "MAX_ARRAY_JSON",
     "MAX_DEPTH",
@@ -36,16 +33,19 @@ __all__ = [
     "MAX_VALUES",
     "SHARD_BYTES",
     "Check",
+    "IdentityKind",
     "Missing",
     "LocalCopy",
     "OnError",
     "OnStale",
+    "Recorded",
     "__version__",
     "check_mode",
     "default_cache_dir",
 ]
 
 __version__ = "0.1.0"
+"""The version of tensorstore_cache (the package's metadata names the same)."""
 
 #: Environment variable naming the default cache directory.
 CACHE_DIR_ENV = "TSC_CACHE_DIR"
@@ -69,19 +69,19 @@ MAX_VALUES = 2_000_000
 #: Target size of one shard file written by a build.
 SHARD_BYTES = 32 << 20
 
-#: Marks in the names of temporary siblings (``.<target><mark><host>-<pid>-<random>``):
-#: a build directory, a download directory, a directory ``gc`` is deleting.
-BUILD_MARK = ".tsc-build-"
-FETCH_MARK = ".tsc-fetch-"
-GC_MARK = ".tsc-gc-"
-
 LocalCopy = Literal["auto", "always", "never"]
 """Whether a store opened by path is read through the node cache (``open_store``)."""
 
 OnError = Literal["raise", "skip"]
 """What a build does with a source that fails to load."""
 Check = Literal["stat", "hash"]
-"""How a cached entry is known to be current."""
+"""How a cached entry is known to be current (the older name of :data:`IdentityKind`)."""
+IdentityKind = Literal["stat", "content", "none"]
+"""How a source's identity is taken: its size and mtime, its content's hash, or not at all
+(a callable giving version tokens is the fourth kind, ``"token"``)."""
+Recorded = Literal["stat", "none", "token"]
+"""What a store recorded about its sources: size and mtime (plus content hashes beside a
+cache's part), nothing, or version tokens of a callable."""
 OnStale = Literal["rebuild", "raise", "ignore"]
 """What :func:`~tensorstore_cache.cached` does with stale entries."""
 Missing = Literal["raise", "ignore"]
@@ -115,6 +115,21 @@ def check_mode(name: str, value: object, mode: Any) -> Any:
         choices = ", ".join(repr(a) for a in allowed[:-1]) + f" or {allowed[-1]!r}"
         raise ValueError(f"{name} must be {choices}, got {value!r}")
     return value
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the cache directory: ``cache_dir`` (``~`` expanded), else :func:`default_cache_dir`.
+
+    The one place the cache directory of a call is computed.
+
+    Examples
+    --------
+    >>> cache_root("/data/tsc")
+    PosixPath('/data/tsc')
+    """
+    if cache_dir is None:
+        return default_cache_dir()
+    return Path(os.fspath(cache_dir)).expanduser()
 
 
 def default_cache_dir() -> Path:

@@ -47,7 +47,19 @@ __all__ = [
 
 
 class TensorStoreCacheError(Exception):
-    """Base class of every error raised by tensorstore_cache."""
+    """Base class of every error raised by tensorstore_cache.
+
+    Every error is also the built-in a caller would catch anyway (see this
+    module's tree), and keeps its data as attributes.
+
+    Examples
+    --------
+    >>> try:
+    ...     tsc.open_store("no-such.tsc")
+    ... except tsc.TensorStoreCacheError as err:
+    ...     print(type(err).__name__, isinstance(err, FileNotFoundError))
+    StoreNotFoundError True
+    """
 
 
 class BuildError(TensorStoreCacheError, RuntimeError):
@@ -64,6 +76,15 @@ class BuildError(TensorStoreCacheError, RuntimeError):
     ----------
     failures : list of tuple of (str, str)
         Every failing source and the reason it failed.
+
+    Examples
+    --------
+    >>> _ = open("broken.jpg", "wb").write(b"not an image")
+    >>> try:
+    ...     tsc.build_store([*paths, "broken.jpg"], "covers.tsc", progress=False)
+    ... except tsc.BuildError as err:
+    ...     print([path for path, reason in err.failures])
+    ['broken.jpg']
     """
 
     def __init__(self, message: str, failures: Sequence[tuple[str, str]] = ()) -> None:
@@ -84,6 +105,17 @@ class CorruptStoreError(TensorStoreCacheError, ValueError):
     files : list of str
         Every offending file known (``[path]`` for a single one, all the bad
         files found by ``verify``).
+
+    Examples
+    --------
+    >>> store = tsc.build_store(paths, "covers.tsc", progress=False)
+    >>> with open("covers.tsc/key_bytes/c/0", "r+b") as f:  # one byte changed
+    ...     _ = f.write(b"X")
+    >>> try:
+    ...     store.verify()
+    ... except tsc.CorruptStoreError as err:
+    ...     print(err.files)
+    ['covers.tsc/key_bytes/c/0']
     """
 
     def __init__(
@@ -104,6 +136,15 @@ class KeyNotInStoreError(TensorStoreCacheError, KeyError):
     ----------
     missing : list of str
         The normalised keys that were not found (all of them, in query order).
+
+    Examples
+    --------
+    >>> store = tsc.build_store(paths, "covers.tsc", progress=False)
+    >>> try:
+    ...     store.rows(["no/such.jpg", paths[0], "nor//this.jpg"])
+    ... except KeyError as err:
+    ...     print(err.missing)
+    ['no/such.jpg', 'nor/this.jpg']
     """
 
     def __init__(self, missing: Sequence[str]) -> None:
@@ -136,6 +177,17 @@ class ReentrantBuildError(TensorStoreCacheError, RuntimeError):
     ----------
     path : str
         The cache namespace or store directory that is being built.
+
+    Examples
+    --------
+    >>> def loader(path):  # asks for the cache it is filling
+    ...     tsc.cached([path], loader=loader, loader_id="demo.reentrant/1", workers=1)
+    >>> try:
+    ...     tsc.cached(paths, loader=loader, loader_id="demo.reentrant/1", workers=1,
+    ...                progress=False)
+    ... except tsc.BuildError as err:  # the loader's error, for every source
+    ...     print(err.failures[0][1].split(":")[0])
+    ReentrantBuildError
     """
 
     def __init__(self, message: str, path: str = "") -> None:
@@ -153,6 +205,16 @@ class StaleSourceError(TensorStoreCacheError, ValueError):
     ----------
     stale : list of str
         The keys of the stale entries (all of them, in query order).
+
+    Examples
+    --------
+    >>> store = tsc.cached(paths, progress=False)
+    >>> _ = open(paths[0], "ab").write(b"more bytes")  # the source changes
+    >>> try:
+    ...     tsc.cached(paths, on_stale="raise")
+    ... except tsc.StaleSourceError as err:
+    ...     print(err.stale == [paths[0]])
+    True
     """
 
     def __init__(self, stale: Sequence[str]) -> None:
@@ -170,15 +232,52 @@ class StaleSourceError(TensorStoreCacheError, ValueError):
 
 
 class StoreExistsError(TensorStoreCacheError, FileExistsError):
-    """The build target already exists and ``overwrite`` was not requested."""
+    """The build target already exists and ``overwrite`` was not requested.
+
+    Examples
+    --------
+    >>> _ = tsc.build_store(paths, "covers.tsc", progress=False)
+    >>> try:
+    ...     tsc.build_store(paths, "covers.tsc", progress=False)
+    ... except FileExistsError as err:
+    ...     print(type(err).__name__)
+    StoreExistsError
+    >>> _ = tsc.build_store(paths, "covers.tsc", progress=False, overwrite=True)
+    """
 
 
 class StoreLockedError(TensorStoreCacheError, TimeoutError):
-    """Another process holds the store's build lock for longer than allowed."""
+    """Another process holds the store's build lock for longer than allowed.
+
+    Raised by :func:`~tensorstore_cache.cached` after ``lock_timeout`` seconds.
+
+    Examples
+    --------
+    >>> import fcntl, os
+    >>> _ = tsc.cached(paths[:4], progress=False)
+    >>> [cache] = tsc.list_caches()
+    >>> fd = os.open(os.path.join(cache.path, "lock"), os.O_RDWR)
+    >>> fcntl.flock(fd, fcntl.LOCK_EX)  # as a build in another process would
+    >>> try:
+    ...     tsc.cached(paths, lock_timeout=0.1)  # four new paths: it must build
+    ... except TimeoutError as err:
+    ...     print(type(err).__name__)
+    StoreLockedError
+    >>> os.close(fd)
+    """
 
 
 class StoreNotFoundError(TensorStoreCacheError, FileNotFoundError):
-    """There is no store at the given location."""
+    """There is no store at the given location.
+
+    Examples
+    --------
+    >>> try:
+    ...     tsc.open_store("no-such.tsc")
+    ... except FileNotFoundError as err:
+    ...     print(err)
+    no store at 'no-such.tsc'; build one with tensorstore_cache.build_store (or check the path)
+    """
 
 
 class UntrustedCacheError(TensorStoreCacheError, PermissionError):
@@ -199,6 +298,18 @@ class UntrustedCacheError(TensorStoreCacheError, PermissionError):
         Its ``st_mode``.
     reason : str
         Why, in a few words (``"owned by uid 1001"``), as ``tensorstore-cache ls`` shows it.
+
+    Examples
+    --------
+    >>> import os
+    >>> _ = tsc.cached(paths, progress=False)
+    >>> [cache] = tsc.list_caches()
+    >>> os.chmod(cache.path, 0o777)  # anyone could now plant vectors in it
+    >>> try:
+    ...     tsc.cached(paths)
+    ... except PermissionError as err:
+    ...     print(type(err).__name__, err.mode & 0o777 == 0o777)
+    UntrustedCacheError True
     """
 
     def __init__(
@@ -225,16 +336,43 @@ class StorePermissionWarning(UserWarning):
     Opening a store you name is your choice, like opening any file, so it is
     not refused; this warning (once per store) says that someone else could
     change what it returns.
+
+    Examples
+    --------
+    >>> import os, warnings
+    >>> _ = tsc.build_store(paths, "covers.tsc", progress=False)
+    >>> os.chmod("covers.tsc", 0o777)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     store = tsc.open_store("covers.tsc")
+    >>> [w.category.__name__ for w in caught]
+    ['StorePermissionWarning']
     """
+
+
 class StoreReplacedError(CorruptStoreError):
     """The store at a URL was replaced after this process opened it: reopen it.
 
     Raised for a shard of the opened version that this node had not fetched
     yet and whose remote bytes no longer match; shards already fetched keep
     working. ``path`` names the remote object.
+
+    Examples
+    --------
+    >>> issubclass(tsc.StoreReplacedError, tsc.CorruptStoreError)  # never wrong data
+    True
     """
 
 
 class CacheLimitWarning(RuntimeWarning):
     """The node cache of remote stores needs attention: over its cap (every other shard in
-    it is mapped), thrashing (rows read span more than the cap), or on a network filesystem."""
+    it is mapped), thrashing (rows read span more than the cap), or on a network filesystem.
+
+    Said once per cause; the reads go on. Turn it into an error where a job must
+    not run past the cap: ``warnings.simplefilter("error", tsc.CacheLimitWarning)``.
+
+    Examples
+    --------
+    >>> issubclass(tsc.CacheLimitWarning, RuntimeWarning)
+    True
+    """

@@ -31,6 +31,8 @@ from benchmarks._driver import AgentError
 from benchmarks._memory import available_memory, estimate_round, guard, sample
 from benchmarks.methods import METHODS
 
+from .test_bench_reports import absolute_paths
+
 for _module in ("torch", "pandas", "datasets", "zarr", "matplotlib"):
     pytest.importorskip(_module)  # the benchmark's extra dependencies
 
@@ -60,6 +62,9 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any
     for plot in ("time_to_vectors", "memory_vs_agents", "open_vs_n"):
         assert (root / "results" / f"failing-{plot}.png").read_bytes().startswith(b"\x89PNG")
     assert not (root / "results" / "latest.json").exists()  # --out never touches latest.*
+    # the failures' tracebacks and logs name no directory of this machine either
+    assert absolute_paths((root / "results" / "failing.json").read_text()) == []
+    assert absolute_paths(table) == []
     return report, table, proc.stderr
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from PIL import Image
 
 from benchmarks import make_images
 from benchmarks.methods import METHODS
+
+from .test_bench_reports import absolute_paths
 
 for _module in ("torch", "pandas", "datasets", "zarr", "psutil", "matplotlib"):
     pytest.importorskip(_module)  # the benchmark's extra dependencies
@@ -94,6 +97,11 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
     for name in METHODS:
         assert f"| {name} |" in table
     assert "weights_only=False" in table
+    # written as anyone can rerun it: no directory of this machine, the command included
+    assert (report["config"]["workdir"], report["config"]["results"]) == ("<workdir>", "<results>")
+    assert "--workdir <workdir> --results <results>" in report["env"]["command"]
+    assert absolute_paths((results / "latest.json").read_text()) == []
+    assert absolute_paths(table) == []
 
 
 @pytest.mark.timeout(360)
@@ -174,3 +182,128 @@ def test_make_images_skips_a_complete_set(tmp_path: Path) -> None:
     (out / make_images.MANIFEST).unlink()  # an interrupted run has no manifest: regenerated
     make_images.generate(out, 20, seed=0, workers=1, quiet=True)
     assert victim.exists()
+
+
+# --- the records benchmark (benchmarks/records.py) ---------------------------------------
+
+RECORD_FIGURES = ("build_s", "disk_bytes", "open_s", "key_map_s", "record_by_key_per_s",
+                  "batch_records_per_s", "epoch_s", "uss_growth_bytes_4_readers")
+
+
+@pytest.fixture(scope="module")
+def records_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    """A tiny run: 300 covers; the numpy limit, this project, and a peer whose
+    environment is missing (the peers' environments are not needed by the test suite)."""
+    root = tmp_path_factory.mktemp("records")
+    work, results = root / "work", root / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.records", "--images", "300",
+         "--methods", "numpy_limit,tensorstore_cache,litdata", "--open-sizes", "100,400",
+         "--open-repeats", "1", "--lookup-budget", "0.05", "--workdir", str(work),
+         "--results", str(results), "--peers-venv", str(root / "no-such-venv")],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    report = json.loads((results / "records.json").read_text())
+    assert (results / "records.md").read_text().strip() in proc.stdout
+    return work, report, proc.stdout
+
+
+@pytest.mark.timeout(660)
+def test_records_numpy_limit_measures_every_figure(
+        records_run: tuple[Path, dict[str, Any], str]) -> None:
+    _work, report, table = records_run
+    assert list(report["methods"]) == ["numpy_limit", "tensorstore_cache", "litdata"]
+    rec = report["methods"]["numpy_limit"]
+    assert rec["status"] == "ok" and rec["records"] == 300, rec
+    for key in RECORD_FIGURES:
+        assert isinstance(rec[key], (int, float)) and rec[key] >= 0, (key, rec.get(key))
+    assert rec["build_s"] > 0 and rec["batch_records_per_s"] > 0 and rec["disk_bytes"] > 0
+    assert rec["batch_s"]["count"] == 200 and rec["batch_s"]["batch_size"] == 256
+    assert rec["epoch"]["records"] == 300
+    assert rec["batch_types"] == {"image": ["uint8", [256, 3, 32, 32]],
+                                  "title_ids": ["int32", [256, rec["batch_types"]["title_ids"][1][1]]],
+                                  "rating": ["float32", [256]]}
+    assert len(rec["memory"]["readers_memory"]) == 4 and rec["memory"]["readers"] == 4
+    assert rec["same_as_numpy_limit"] is True
+    opens = report["open_vs_n"]["numpy_limit"]
+    assert sorted(opens, key=int) == ["100", "400"]
+    assert all(v["status"] == "ok" and v["open_s"] > 0 for v in opens.values())
+    assert "| numpy_limit |" in table and "## Targets" in table
+    assert len(report["targets"]) == 7
+
+
+@pytest.mark.timeout(660)
+def test_records_numpy_limit_holds_the_loaders_records(
+        records_run: tuple[Path, dict[str, Any], str]) -> None:
+    """The reference every method is checked against is itself right: its digests are
+    those of the loader's records, gathered and padded here another way."""
+    from benchmarks import records_data
+    from benchmarks.records_methods._base import stack_records
+    from benchmarks.records_methods._child import DIGEST_BATCHES, batch_digest, record_digest
+
+    work, report, _ = records_run
+    inputs = work / "inputs"
+    keys = records_data.read_keys(inputs)
+    loader = records_data.RecordLoader(inputs)
+    recs = {k: loader(k) for k in keys}
+    batches = np.load(work / "batches.npy")
+    want = batch_digest(stack_records([recs[keys[i]] for i in rows])
+                        for rows in batches[:DIGEST_BATCHES])
+    lookups = np.load(work / "lookups.npy")
+    want_records = record_digest(recs[keys[i]] for i in lookups[:64])
+    rec = report["methods"]["numpy_limit"]
+    assert rec["batch_digest"] == want and rec["record_digest"] == want_records
+    lengths = [len(r["title_ids"]) for r in recs.values()]
+    assert min(lengths) >= 3 and max(lengths) <= 60 and len(set(lengths)) > 10
+    assert all(r["image"].shape == (3, 32, 32) and r["image"].dtype == np.uint8
+               for r in recs.values())
+    assert len({r["image"].tobytes() for r in recs.values()}) == len(recs)
+
+
+@pytest.mark.timeout(660)
+def test_records_failures_are_results(records_run: tuple[Path, dict[str, Any], str]) -> None:
+    _work, report, table = records_run
+    lit = report["methods"]["litdata"]
+    # the missing environment is named, as the report writes paths: by the option's name
+    assert lit["status"] == "not installed" and "<peers_venv>" in lit["text"], lit
+    t = report["targets"]
+    assert t["batch_vs_litdata"]["status"] == "FAILED"
+    assert "litdata, build: not installed" in t["batch_vs_litdata"]["reason"]
+    assert t["batch_vs_hf_datasets"]["status"] in ("n/a", "FAILED")  # not run
+    assert "## Failures" in table and "not installed" in table
+    rec = report["methods"]["tensorstore_cache"]  # measured, and right
+    assert rec["status"] == "ok", rec
+    assert rec["same_as_numpy_limit"] is True, rec.get("same_as_numpy_limit_checks")
+    assert all(rec[k] > 0 for k in ("build_s", "batch_records_per_s", "open_s"))
+    for name in ("batch_vs_numpy_limit", "memory_4_readers", "open_largest_vs_smallest"):
+        assert t[name]["status"] in ("PASS", "MISS"), t[name]
+
+
+def test_records_targets_compare_within_the_run() -> None:
+    from benchmarks._records_report import check_records, targets
+
+    def method(rate: float, digest: str = "d") -> dict[str, Any]:
+        return {"status": "ok", "phases": {}, "batch_records_per_s": rate,
+                "record_by_key_per_s": rate, "batch_digest": digest, "record_digest": digest,
+                "epoch": {"records": 3}, "disk_bytes": 1000, "uss_growth_bytes_4_readers": 50}
+
+    methods = {"tensorstore_cache": method(90.0), "numpy_limit": method(100.0),
+               "hf_datasets": method(10.0), "litdata": method(30.0, digest="other"),
+               "mosaicml_streaming": {"status": "not installed", "text": "not installed: x",
+                                      "phases": {"build": {"status": "not installed",
+                                                           "text": "not installed: x"}}}}
+    check_records(methods)
+    opens = {"tensorstore_cache": {"5000": {"status": "ok", "open_s": 0.010},
+                                   "80000": {"status": "ok", "open_s": 0.025}}}
+    t = targets(methods, opens, [5000, 80000])
+    assert t["batch_vs_numpy_limit"]["status"] == "PASS"
+    assert t["batch_vs_numpy_limit"]["value"] == pytest.approx(0.9)
+    assert t["batch_vs_hf_datasets"]["status"] == "PASS"  # 9x >= 5x
+    assert t["record_by_key_vs_hf_datasets"]["status"] == "MISS"  # 9x < 20x
+    assert t["batch_vs_litdata"]["status"] == "FAILED"  # its records differ
+    assert "litdata returned other records" in t["batch_vs_litdata"]["reason"]
+    assert t["batch_vs_mosaicml_streaming"]["status"] == "FAILED"
+    assert "not installed: x" in t["batch_vs_mosaicml_streaming"]["reason"]
+    assert t["memory_4_readers"]["status"] == "PASS"  # 0.05 <= 0.1
+    assert t["open_largest_vs_smallest"]["status"] == "MISS"  # 2.5x > 2x

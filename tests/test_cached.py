@@ -17,7 +17,7 @@ import pytest
 import tensorstore_cache as tsc
 from tensorstore_cache.cache.compact import MAX_PARTS, merge_start
 from tensorstore_cache.cache.namespace import Namespace
-from tensorstore_cache.fs.locks import BuildLock
+from tensorstore_cache.fs.locks import ExclusiveLock
 
 from ._cache_loaders import LogLoader, expected, log_lines, vector_of, write_sources
 from .conftest import write_images
@@ -393,7 +393,7 @@ def test_list_caches(tmp_path: Path, cache: Path) -> None:
     assert abs(mine.last_used.timestamp() - time.time()) < 3600
     img = next(i for i in infos if i.loader_id == "tensorstore_cache.image/1")
     assert img.item_shape == (3, 8, 8) and img.params["size"] == [8, 8]
-    holder = BuildLock(Path(mine.path) / "lock")
+    holder = ExclusiveLock(Path(mine.path) / "lock")
     holder.try_acquire()
     try:
         again = {i.namespace: i for i in tsc.list_caches(cache)}
@@ -420,7 +420,7 @@ def test_gc_by_age_and_size_spares_locked_namespaces(tmp_path: Path, cache: Path
         tsc.gc(cache, older_than=-1)
     preview = tsc.gc(cache, older_than=timedelta(days=1), dry_run=True)
     assert {r.path for r in preview} == {str(a), str(b)} and a.exists() and b.exists()
-    lock = BuildLock(b / "lock")
+    lock = ExclusiveLock(b / "lock")
     assert lock.try_acquire()
     try:
         removed = tsc.gc(cache, older_than=timedelta(days=1))
@@ -498,3 +498,25 @@ def test_gc_removes_debris_and_orphans_but_not_fresh_ones(tmp_path: Path, cache:
     assert not dead.exists() and not orphan.exists()
     with tsc.open_store(ns.root) as again:
         np.testing.assert_array_equal(again.take(again.rows(keys)), expected(keys))
+
+
+def _one_token(keys: list[str]) -> np.ndarray:
+    return np.ones(len(keys), np.uint64)
+
+
+def test_a_cache_whose_identity_kind_changes_recomputes_once_then_settles(tmp_path: Path) -> None:
+    src = write_sources(tmp_path / "src", 40)
+    log = tmp_path / "calls.log"
+    kw: dict[str, Any] = {"loader": LogLoader(log), "cache_dir": tmp_path / "cache",
+                          "workers": 1, "progress": False}
+    tsc.cached(src[:20], identity="none", **kw).close()
+    tsc.cached(src, identity="none", **kw).close()  # a second part
+    assert sum(calls(log).values()) == 40
+    for _ in range(4):  # merges happen along the way: parts recomputed under tokens only count
+        with tsc.cached(src, identity=_one_token, **kw) as store:
+            assert store.stale(identity=_one_token) == []
+            np.testing.assert_array_equal(store.take(store.rows(src)), expected(src))
+    assert sum(calls(log).values()) == 80, calls(log)  # each key once under the new kind
+    with tsc.cached(src, **kw) as store:  # back to stat: the token rows are stale once
+        assert store.stale() == []
+    assert sum(calls(log).values()) == 120

@@ -235,7 +235,7 @@ def test_preview_uint8_and_non_image_stores(tmp_path: Path, capsys: pytest.Captu
     assert wide[0, 0].tolist() == [[0, 0, 0], [255, 255, 255]] and "stretched" in note
 
     store = tsc.build_store(["a", "b"], tmp_path / "emb.tsc", loader=embedding, loader_id="t/emb",
-                            workers=1, progress=False)
+                            workers=1, progress=False, identity="none")
     code, _, err = run(capsys, "preview", store.location, "--out", str(tmp_path / "g.png"))
     assert code == 1 and "(7,)" in err
 
@@ -290,3 +290,135 @@ def test_real_processes(solid: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0 and json.loads(proc.stdout)["entries"] == 6
     proc = subprocess.run([script, "build"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+# -- stores of records ----------------------------------------------------------------------
+
+
+def cover_record(path: str) -> dict[str, Any]:
+    """A record of source ``<i>.txt``: an 8 x 8 RGB cover of colour ``COLOURS[i]`` (H, W, 3),
+    ``i + 1`` title ids, a rating and a title."""
+    i = int(Path(path).stem)
+    return {
+        "cover": np.full((8, 8, 3), COLOURS[i], np.uint8),
+        "title_ids": np.arange(10 * i, 10 * i + i + 1, dtype=np.int32),
+        "rating": np.float32(i / 2),
+        "title": f"book {i}",
+    }
+
+
+RECORD_FIELDS: dict[str, tsc.Fixed | tsc.Ragged | tsc.Text] = {
+    "cover": tsc.Fixed((8, 8, 3), "uint8"), "title_ids": tsc.Ragged("int32"),
+    "rating": tsc.Fixed((), "float32"), "title": tsc.Text()}
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    """A store of six records (one per colour)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    paths = []
+    for i in range(len(COLOURS)):
+        (src / f"{i}.txt").write_text(str(i))
+        paths.append(str(src / f"{i}.txt"))
+    out = tmp_path / "records.tsc"
+    tsc.build_store(paths, out, loader=cover_record, loader_id="t/covers", fields=RECORD_FIELDS,
+                    workers=1, progress=False).close()
+    return out
+
+
+def test_info_lists_the_fields_of_records(
+    records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "info", str(records))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "entries     6" in lines
+    assert "record      4 field(s): 196 B fixed a record, plus ragged values" in lines
+    # title ids: 1 to 6 ids (median 3.5); titles "book 0" .. "book 5": 6 bytes each
+    assert "  cover     fixed   8 x 8 x 3 uint8" in lines
+    assert "  title_ids ragged  * int32, length 1 / 3.5 / 6 (min / median / max)" in lines
+    assert "  rating    fixed   scalar float32" in lines
+    assert "  title     text    UTF-8, 6 / 6 / 6 bytes (min / median / max)" in lines
+    assert "format      zarr v3 group, tensorstore_cache format 2, 6 rows per shard" in lines
+    assert not [line for line in lines if line.startswith("vector")]
+    code, out, _ = run(capsys, "info", str(records), "--json")
+    info = json.loads(out)
+    assert code == 0 and info["entries"] == 6 and info["format_version"] == 2
+    by_name = {f["name"]: f for f in info["fields"]}
+    assert by_name["cover"]["shape"] == [8, 8, 3] and "lengths" not in by_name["cover"]
+    assert by_name["title_ids"]["lengths"] == {"min": 1, "median": 3.5, "max": 6}
+    # of a store read through the node cache: from the offsets, no value fetched
+    cache = tmp_path / "cache"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorstore_cache", "info", f"local://{records}", "--json"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TSC_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr
+    remote = json.loads(proc.stdout)
+    assert remote["fields"] == info["fields"]
+    (version,) = [p for p in (cache / "remote").glob("*/*") if p.is_dir()]
+    assert (version / "fields/title_ids/offsets/c/0").is_file()
+    assert not (version / "fields/title_ids/values/c").exists()
+    assert not (version / "fields/cover/c").exists()
+
+
+def test_preview_draws_the_image_field_of_records_with_the_others_as_text(
+    records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorstore_cache.cli.preview import image_field, value_text
+
+    png = tmp_path / "grid.png"
+    code, out, err = run(capsys, "preview", str(records), "--out", str(png), "--seed", "3")
+    assert code == 0, err
+    assert "6 entries" in out
+    sheet = np.asarray(Image.open(png).convert("RGB"))
+    for colour in COLOURS:  # each 8 x 8 cover, (H, W, 3) on disk, drawn 12x
+        count = int(np.all(sheet == np.array(colour, np.uint8), axis=-1).sum())
+        assert count >= 96 * 96, (colour, count)
+    store = tsc.open_store(records)
+    assert image_field(store.spec) == ("cover", "hwc")
+    # the captions: the three other fields of a record, under its name and directory
+    tensors = tsc.build_store([str(records)], tmp_path / "t.tsc", loader=solid_tensor,
+                              loader_id="t/solid", workers=1, progress=False)
+    run(capsys, "preview", tensors.location, "--out", str(tmp_path / "t.png"), "--scale", "12")
+    one = np.asarray(Image.open(tmp_path / "t.png"))
+    run(capsys, "preview", str(records), "--out", str(png), "--paths", store.paths[0],
+        "--scale", "12")
+    drawn = np.asarray(Image.open(png))
+    assert drawn.shape[0] == one.shape[0] + 3 * 13  # three more lines of caption
+    assert value_text(store[store.paths[2]]["title_ids"]) == "(3) [20 21 22]"
+    assert value_text(store[store.paths[2]]["rating"]) == "1"
+    assert value_text(store[store.paths[5]]["title_ids"]) == "(6) [50 51 52 53 …]"
+    # records without an image field: the error names the fields
+    plain = tsc.build_store([str(records)], tmp_path / "p.tsc", loader=no_image,
+                            loader_id="t/plain", workers=1, progress=False)
+    code, _, err = run(capsys, "preview", plain.location, "--out", str(tmp_path / "p.png"))
+    assert code == 1 and "a fixed field of images" in err and "ids (3,) int64, score () float32" in err
+
+
+def solid_tensor(path: str) -> np.ndarray:
+    return np.zeros((3, 8, 8), np.uint8)
+
+
+def no_image(path: str) -> dict[str, Any]:
+    return {"ids": np.arange(3), "score": np.float32(1.0)}
+
+
+def test_ls_names_the_fields_of_a_cache_of_records(
+    records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = sorted(str(p) for p in (tmp_path / "src").glob("*.txt"))
+    cache = tmp_path / "cache"
+    tsc.cached(paths, cache_dir=cache, loader=cover_record, loader_id="t/covers",
+               fields=RECORD_FIELDS, workers=1, progress=False).close()
+    tsc.cached(paths, cache_dir=cache, loader=no_image, loader_id="t/inferred",  # inferred
+               workers=1, progress=False).close()
+    code, out, err = run(capsys, "ls", "--cache-dir", str(cache))
+    assert code == 0, err
+    assert "record(cover, title_ids, rating, title)" in out and "record(ids, score)" in out
+    assert "2 cache(s)" in out
+    code, out, _ = run(capsys, "ls", "--cache-dir", str(cache), "--json")
+    listed = json.loads(out)
+    assert sorted(c["fields"] for c in listed) == [["cover", "title_ids", "rating", "title"],
+                                                   ["ids", "score"]]
+    assert all(c["entries"] == 6 and c["refused"] is None for c in listed)

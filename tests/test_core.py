@@ -15,6 +15,7 @@ from PIL import Image
 import tensorstore_cache as tsc
 from tensorstore_cache.format.keys import normalize_key
 
+from ._loaders import Filled
 from .conftest import write_images
 
 
@@ -122,10 +123,10 @@ def test_uint8_store_converts_to_float32_bit_identically(images: list[str], tmp_
 def test_custom_loader_any_shape(tmp_path: Path) -> None:
     keys = [f"item-{i}" for i in range(25)]
     store = tsc.build_store(keys, tmp_path / "s.tsc", loader=_embed, loader_id="embed/1",
-                            workers=2, progress=False)
+                            workers=2, progress=False, identity="none")
     assert store.spec.item_shape == (7,) and store.spec.loader_id == "embed/1"
     np.testing.assert_array_equal(store["item-13"], _embed("item-13").astype(np.float32))
-    assert store.source_identity_available is False if hasattr(store, "source_identity_available") else True
+    assert store.spec.identity == "none"  # recorded: these keys are not files
 
 
 def _embed(key: str) -> np.ndarray:
@@ -139,7 +140,7 @@ def _bad_shape(key: str) -> np.ndarray:
 def test_loader_shape_change_is_a_failure(tmp_path: Path) -> None:
     with pytest.raises(tsc.BuildError) as info:
         tsc.build_store(["k0", "k1", "k3", "k13"], tmp_path / "s.tsc", loader=_bad_shape,
-                        workers=1, progress=False)
+                        workers=1, progress=False, identity="none")
     assert [p for p, _ in info.value.failures] == ["k3", "k13"]
     assert "shape" in info.value.failures[0][1]
 
@@ -198,15 +199,14 @@ def test_empty_store(tmp_path: Path) -> None:
 def test_tiny_stores(tmp_path: Path, n: int) -> None:
     paths = [f"k{i}" for i in range(n)]
     store = tsc.build_store(paths, tmp_path / "s.tsc", loader=_embed_k, loader_id="k/1",
-                            workers=1, progress=False)
+                            workers=1, progress=False, identity="none")
     assert len(store) == n
     again = tsc.open_store(tmp_path / "s.tsc")
     assert again.paths == paths
     assert again.take(np.arange(n)).shape[0] == n
 
 
-def _embed_k(key: str) -> np.ndarray:
-    return np.full((2, 3), int(key[1:]), dtype=np.float32)
+_embed_k = Filled((2, 3))
 
 
 def test_torch_from_numpy_without_warning_and_copy_on_write(images: list[str], tmp_path: Path) -> None:
@@ -283,7 +283,7 @@ def test_shard_with_rows_out_of_layout_order_is_read_through_its_index(tmp_path:
 
     keys = [f"k{i}" for i in range(7)]
     store = tsc.build_store(keys, tmp_path / "s.tsc", loader=_embed_k, loader_id="k/1",
-                            workers=1, progress=False)
+                            workers=1, progress=False, identity="none")
     expected = store.take(np.arange(7))
     store.close()
     shard = tmp_path / "s.tsc" / "vectors" / "c" / "0" / "0" / "0"

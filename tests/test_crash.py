@@ -40,20 +40,17 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache.writer.build import collect_debris
+from tensorstore_cache.writer.builder import collect_debris
+
+from ._loaders import Filled
 
 REPO = Path(__file__).resolve().parents[1]
 ITEM = (3, 4, 4)
 N_OLD, N_NEW = 100, 200  # the new build has 4 shards of 64, 64, 64, 8 rows with workers=1
 
 
-def _vec(key: str) -> np.ndarray:
-    i = int(key.rsplit("k", 1)[1])
-    return np.full(ITEM, i + 1, dtype=np.float32)
-
-
-def _vec_new(key: str) -> np.ndarray:
-    return -_vec(key)
+_vec = Filled(ITEM, offset=1)
+_vec_new = Filled(ITEM, offset=1, sign=-1)
 
 
 def _keys(n: int) -> list[str]:
@@ -63,7 +60,7 @@ def _keys(n: int) -> list[str]:
 def _build(root: Path, new: bool = True, **kw: Any) -> tsc.CacheStore:
     n, fn = (N_NEW, _vec_new) if new else (N_OLD, _vec)
     kw.setdefault("workers", 1)
-    return tsc.build_store(_keys(n), root, loader=fn, loader_id="vec/1", progress=False, **kw)
+    return tsc.build_store(_keys(n), root, loader=fn, loader_id="vec/1", progress=False, **kw, identity="none")
 
 
 def _expected(new: bool) -> np.ndarray:
@@ -95,7 +92,7 @@ def _state(root: Path) -> str:
 def _driver(mode: str, args: dict[str, Any]) -> dict[str, Any]:
     base = Path(args["base"])
     if mode == "kill-every-step":
-        from tensorstore_cache.fs import durable as _jsonio
+        from tensorstore_cache.fs import crash as _jsonio
 
         overwrite = bool(args["overwrite"])
         count = base / "count" / "s.tsc"
@@ -169,7 +166,7 @@ def _driver(mode: str, args: dict[str, Any]) -> dict[str, Any]:
         print("building", flush=True)
         n = int(args["n"])
         tsc.build_store(_keys(n), Path(args["root"]), loader=_big, loader_id="big/1",
-                        workers=int(args["workers"]), progress=False, overwrite=True)
+                        workers=int(args["workers"]), progress=False, overwrite=True, identity="none")
         return {"built": True}
     raise ValueError(mode)
 
@@ -313,7 +310,7 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
         collect_debris(root)
         assert _debris(root) == []
     store = tsc.build_store(_keys(n), root, loader=_big, loader_id="big/1", workers=2,
-                            progress=False, overwrite=True)
+                            progress=False, overwrite=True, identity="none")
     store.verify()
     assert _debris(root) == []
     assert set(outcomes) <= {"missing", "complete"}
@@ -372,7 +369,7 @@ def _enospc_in_worker(key: str) -> np.ndarray:
 def test_io_error_in_a_pool_worker_propagates(tmp_path: Path) -> None:
     root = tmp_path / "s.tsc"
     with pytest.raises(OSError) as info:
-        tsc.build_store(_keys(N_NEW), root, loader=_enospc_in_worker, workers=2, progress=False)
+        tsc.build_store(_keys(N_NEW), root, loader=_enospc_in_worker, workers=2, progress=False, identity="none")
     assert info.value.errno == errno.ENOSPC
     assert not root.exists() and _debris(root) == []
 
@@ -388,7 +385,7 @@ def _dies_on_k13(key: str) -> np.ndarray:
 def test_killed_pool_worker_fails_the_build_cleanly(tmp_path: Path) -> None:
     root = tmp_path / "s.tsc"
     with pytest.raises(tsc.BuildError) as info:
-        tsc.build_store(_keys(N_NEW), root, loader=_dies_on_k13, workers=2, progress=False)
+        tsc.build_store(_keys(N_NEW), root, loader=_dies_on_k13, workers=2, progress=False, identity="none")
     message = str(info.value)
     # the shard the worker was building, its first source, and how the worker died
     assert "building shard vectors/c/0/0/0/0 (64 sources from 'k0') died by signal 9 (SIGKILL)" \

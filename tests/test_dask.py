@@ -19,11 +19,14 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
+from benchmarks.s3server import S3Process
 from tensorstore_cache.format.keys import normalize_key
 from tensorstore_cache.format.metadata import GroupMetadata
-from tensorstore_cache.fs.durable import PARTIAL_SUFFIX, file_digest, remove_partials
+from tensorstore_cache.fs.durable import file_digest
+from tensorstore_cache.fs.temp import parse_temp, remove_temps, temp_path
 from tensorstore_cache.writer.tasks import ShardTask, run_shard
 
+from . import _records
 from .conftest import write_images
 
 N_IMAGES = 320  # five shards of 64 rows with workers=2
@@ -66,7 +69,7 @@ class KillOnce:
         for build in out.parent.glob(f".{out.name}.tsc-build-*"):
             shard = build / "vectors" / "c" / "0" / "0" / "0" / "0"
             shard.parent.mkdir(parents=True, exist_ok=True)
-            shard.with_name(f"0.{'ab' * 16}{PARTIAL_SUFFIX}").write_bytes(b"\x00" * 1000)
+            temp_path(shard, "new").write_bytes(b"\x00" * 1000)
             shard.write_bytes(b"torn" * 100)
 
 
@@ -87,7 +90,7 @@ class FailSome:
 
 
 def _all_rows(store: tsc.CacheStore) -> np.ndarray:
-    return store.take(np.arange(len(store)))
+    return np.asarray(store.take(np.arange(len(store))))
 
 
 def _assert_intact(out: Path) -> None:
@@ -95,7 +98,7 @@ def _assert_intact(out: Path) -> None:
     files = GroupMetadata.read(out).files
     for rel, (size, digest) in files.items():
         assert file_digest(out / rel) == (size, digest), rel
-    leftovers = [p for p in out.rglob("*") if p.is_file() and p.name.endswith(PARTIAL_SUFFIX)]
+    leftovers = [p for p in out.rglob("*") if p.is_file() and parse_temp(p.name) is not None]
     assert leftovers == []
     assert not list(out.parent.glob(f".{out.name}.tsc-build-*"))
 
@@ -149,31 +152,23 @@ def test_dask_build_equals_local_build(
 
 
 def test_dask_build_to_an_s3_url_uploads_from_the_workers(
-    client: Any, sources: tuple[list[str], Path], tmp_path: Path
+    client: Any, sources: tuple[list[str], Path], tmp_path: Path, s3: S3Process
 ) -> None:
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    from benchmarks.s3server import S3Process
-
     images, local = sources
-    server = S3Process()
-    try:
-        server.create_bucket("cluster")
-        store = tsc.build_store(
-            images, "s3://cluster/dask.tsc", workers=2, progress=False,
-            executor=client.get_executor(), cache_dir=tmp_path / "builder",
-            storage_options=server.storage_options(),
-        )
-        # no shard lies in the builder's copy: the Dask workers uploaded them
-        assert not list(Path(store.location).glob("vectors/c/**/0"))
-        puts = server.requests("PUT", under="cluster/dask.tsc/")
-        assert len([r for r in puts if "/vectors/c/" in r.key]) == -(-len(images) // store.spec.rows_per_shard)
-        assert puts[-1].key == "cluster/dask.tsc/zarr.json"
-        reference = tsc.open_store(local)
-        np.testing.assert_array_equal(_all_rows(store), _all_rows(reference))
-        store.verify()
-    finally:
-        server.stop()
+    s3.create_bucket("cluster")
+    store = tsc.build_store(
+        images, "s3://cluster/dask.tsc", workers=2, progress=False,
+        executor=client.get_executor(), cache_dir=tmp_path / "builder",
+        storage_options=s3.storage_options(),
+    )
+    # no shard lies in the builder's copy: the Dask workers uploaded them
+    assert not list(Path(store.location).glob("vectors/c/**/0"))
+    puts = s3.requests("PUT", under="cluster/dask.tsc/")
+    assert len([r for r in puts if "/vectors/c/" in r.key]) == -(-len(images) // store.spec.rows_per_shard)
+    assert puts[-1].key == "cluster/dask.tsc/zarr.json"
+    reference = tsc.open_store(local)
+    np.testing.assert_array_equal(_all_rows(store), _all_rows(reference))
+    store.verify()
 
 
 def test_dask_build_reports_every_failure_and_publishes_nothing(
@@ -220,6 +215,78 @@ def test_cached_builds_its_parts_on_the_cluster(
         executor=client.get_executor(),
     )
     np.testing.assert_array_equal(both.take(both.rows(images)), _all_rows(reference))
+
+
+def _same_records(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert list(got) == list(want)
+    for name, value in want.items():
+        if isinstance(value, tsc.Ragged):
+            np.testing.assert_array_equal(got[name].values, value.values)
+            np.testing.assert_array_equal(got[name].offsets, value.offsets)
+        elif isinstance(value, list):
+            assert got[name] == value
+        else:
+            np.testing.assert_array_equal(got[name], value)
+
+
+@pytest.fixture(scope="module")
+def record_sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    root = tmp_path_factory.mktemp("dask-records")
+    paths = _records.write_sources(root / "src", 600)
+    tsc.build_store(paths, root / "local.tsc", loader=_records.RecordLoader(boxes=True),
+                    loader_id="rec/1", fields=_records.BOX_FIELDS, workers=1, progress=False,
+                    shard_bytes=4096).close()
+    return paths, root / "local.tsc"
+
+
+def test_dask_build_of_records_equals_local_build(
+    client: Any, record_sources: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    paths, local = record_sources
+    out = tmp_path / "dask.tsc"
+    log = tmp_path / "calls.log"
+    store = tsc.build_store(
+        paths, out, loader=_records.RecordLoader(log, boxes=True), loader_id="rec/1",
+        fields=_records.BOX_FIELDS, workers=2, progress=False, shard_bytes=4096,
+        executor=client.get_executor(),
+    )
+    workers = set(client.run(os.getpid).values())
+    callers = {int(line.split()[0]) for line in log.read_text().splitlines()}
+    assert callers <= workers and len(callers) == 2  # the cluster's processes loaded every record
+    reference = tsc.open_store(local)
+    assert store.paths == reference.paths
+    assert -(-len(paths) // store.spec.rows_per_shard) > 2  # several shard tasks
+    _same_records(store.take(np.arange(len(paths))), reference.take(np.arange(len(paths))))
+    for p in paths[::41]:
+        assert _records.same(store[p], _records.expected(p, boxes=True))
+    store.verify()
+    _assert_intact(out)
+    assert not (out / "runs").exists()
+
+
+def test_dask_build_of_records_to_an_s3_url_uploads_from_the_workers(
+    client: Any, record_sources: tuple[list[str], Path], tmp_path: Path, s3: S3Process
+) -> None:
+    paths, local = record_sources
+    s3.create_bucket("cluster-records")
+    store = tsc.build_store(
+        paths, "s3://cluster-records/r.tsc", loader=_records.RecordLoader(boxes=True),
+        loader_id="rec/1", fields=_records.BOX_FIELDS, workers=2, progress=False,
+        shard_bytes=4096, executor=client.get_executor(), cache_dir=tmp_path / "builder",
+        storage_options=s3.storage_options(),
+    )
+    # no fixed shard lies in the builder's copy: the Dask workers uploaded them, and the runs
+    assert not list(Path(store.location).glob("fields/image/c/**/0"))
+    puts = s3.requests("PUT", under="cluster-records/r.tsc/")
+    tasks = -(-len(paths) // store.spec.rows_per_shard)
+    assert len([r for r in puts if "/fields/image/c/" in r.key]) == tasks
+    assert len([r for r in puts if "/runs/title_ids/" in r.key]) == tasks
+    assert puts[-1].key == "cluster-records/r.tsc/zarr.json"
+    reference = tsc.open_store(local)
+    with tsc.open_store("s3://cluster-records/r.tsc", cache_dir=tmp_path / "reader",
+                        storage_options=s3.storage_options()) as other:
+        _same_records(other.take(np.arange(len(paths))), reference.take(np.arange(len(paths))))
+        other.verify()
 
 
 def test_worker_killed_mid_build_is_retried(
@@ -293,14 +360,14 @@ def test_shard_task_killed_mid_write_then_retried(tmp_path: Path) -> None:
     child.join(60)
     assert child.exitcode == -signal.SIGKILL
     shard = root / task.rel
-    partials = list(shard.parent.glob(f"*{PARTIAL_SUFFIX}"))
+    partials = [p for p in shard.parent.iterdir() if parse_temp(p.name) is not None]
     assert len(partials) == 1 and not shard.exists()  # never a half-written shard
     result = run_shard(task)  # the retry
     again = run_shard(task)  # and a duplicate attempt: replaces, same bytes
     assert (result.size, result.checksum) == (again.size, again.checksum)
     assert file_digest(shard) == (result.size, result.checksum)
-    assert remove_partials(root) == 1
-    assert not list(root.rglob(f"*{PARTIAL_SUFFIX}"))
+    assert remove_temps(root) == 1
+    assert not [p for p in root.rglob("*") if parse_temp(p.name) is not None]
 
 
 def test_late_task_of_an_abandoned_build_writes_nothing(tmp_path: Path) -> None:

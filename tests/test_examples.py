@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
@@ -54,3 +55,34 @@ def test_dataloader_trains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     losses = [float(x) for x in re.findall(r"loss +([0-9.]+)", out)]
     assert len(losses) >= 2 and all(loss == loss for loss in losses)  # no NaN
     assert re.search(r"step +6 ", out) and "final loss" in out
+
+
+def test_records_example_caches_once_and_trains(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    books, cache = tmp_path / "books", tmp_path / "cache"
+    args = ("--n", "120", "--steps", "40", "--batch", "16", "--workers", "1",
+            "--build-workers", "1", "--cache-dir", str(cache), "--books", str(books))
+    first = run_example("records.py", *args)
+    assert re.search(r"^120 records ready in [0-9.]+ s \(titles of 1 to [2-8] words\)", first,
+                     re.M), first
+    losses = [float(x) for x in re.findall(r"loss +([0-9.]+)", first)]
+    assert len(losses) >= 3 and losses[-1] < losses[0] / 2, first  # pixels and titles learnt
+    second = run_example("records.py", *args)  # a later run: the same books, nothing computed
+    assert "120 records ready" in second, second
+    [info] = tsc.list_caches(cache)
+    assert info.entries == 120 and info.parts == 1, info  # built by the first run only
+    # what the cache holds is what the example's loader returns, field by field
+    spec = importlib.util.spec_from_file_location("example_records", EXAMPLES / "records.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    paths = example.paths_of(books)
+    store = tsc.cached(paths, loader=example.load_book, loader_id="examples.books/1",
+                       fields=example.FIELDS, cache_dir=cache, workers=1, progress=False)
+    assert [name for name, _ in store.spec.schema] == ["image", "title_ids", "rating"]
+    for path in paths[::17]:
+        want, got = example.load_book(path), store[path]
+        for name in ("image", "title_ids", "rating"):
+            np.testing.assert_array_equal(np.asarray(got[name]), want[name])
+    assert tsc.list_caches(cache)[0].parts == 1
+    store.close()

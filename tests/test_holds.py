@@ -9,23 +9,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tensorstore_cache.fs.holds import FETCH, VERSION, HoldFile, probe_exclusive, unlock
+from tensorstore_cache.fs.ranges import FETCH, VERSION, RangeHolds, try_lock_range, unlock_range
 
 
 def _probe(path: Path, start: int, length: int = 1) -> bool | None:
     """What an evictor sees: can it lock these bytes exclusively (another description)?"""
     fd = os.open(path, os.O_RDWR)
     try:
-        got = probe_exclusive(fd, start, length)
+        got = try_lock_range(fd, start, length)
         if got:
-            unlock(fd, start, length)
+            unlock_range(fd, start, length)
         return got
     finally:
         os.close(fd)
 
 
 def test_holds_conflict_with_an_evictor_in_the_same_process(tmp_path: Path) -> None:
-    h = HoldFile(tmp_path / "v.holds")
+    h = RangeHolds(tmp_path / "v.holds")
     h.hold(3)
     h.hold(3)
     assert _probe(h.path, 3) is False and _probe(h.path, 4) is True
@@ -39,7 +39,7 @@ def test_holds_conflict_with_an_evictor_in_the_same_process(tmp_path: Path) -> N
 
 
 def _child_holds(path: str, k: int, ready: Any) -> None:
-    h = HoldFile(Path(path))
+    h = RangeHolds(Path(path))
     h.hold(k)
     ready.set()
     time.sleep(60)  # until killed (the test never lets it get this far)
@@ -64,7 +64,7 @@ def test_a_killed_holder_releases_everything(tmp_path: Path) -> None:
 
 
 def test_a_forked_child_has_holds_of_its_own(tmp_path: Path) -> None:
-    h = HoldFile(tmp_path / "v.holds")
+    h = RangeHolds(tmp_path / "v.holds")
     h.hold(5)
     h.hold(7)
     to_child, from_parent = os.pipe()
@@ -97,7 +97,7 @@ def test_a_forked_child_has_holds_of_its_own(tmp_path: Path) -> None:
 
 
 def test_fetch_lock_excludes_other_descriptors(tmp_path: Path) -> None:
-    h = HoldFile(tmp_path / "v.holds")
+    h = RangeHolds(tmp_path / "v.holds")
     with h.fetching(2):
         assert _probe(h.path, FETCH + 2) is False
         assert _probe(h.path, FETCH + 3) is True
@@ -107,7 +107,7 @@ def test_fetch_lock_excludes_other_descriptors(tmp_path: Path) -> None:
 
 def test_ten_thousand_holds_use_one_descriptor(tmp_path: Path) -> None:
     before = len(os.listdir("/proc/self/fd"))
-    h = HoldFile(tmp_path / "v.holds")
+    h = RangeHolds(tmp_path / "v.holds")
     for k in range(10_000):
         h.hold(k)
     assert len(os.listdir("/proc/self/fd")) == before + 1
@@ -118,7 +118,7 @@ def test_ten_thousand_holds_use_one_descriptor(tmp_path: Path) -> None:
 
 def test_holds_are_empty_where_locks_are_off(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("TSC_CACHE_LOCKS", "0")
-    h = HoldFile(tmp_path / "v.holds")
+    h = RangeHolds(tmp_path / "v.holds")
     h.hold(1)
     assert not h.enabled and h.held == frozenset({1})  # counted, but no OS lock, no file
     assert not h.path.exists()

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 import tensorstore_cache as tsc
 from tensorstore_cache import verify_store
 
+from ._loaders import Filled
 from .strategies import json_values, mutated_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,8 +39,7 @@ ITEM = (3, 4, 4)
 ATTR = "tensorstore_cache"
 
 
-def _vec(key: str) -> np.ndarray:
-    return np.full(ITEM, int(key[-8:-4]) + 1, dtype=np.float32)
+_vec = Filled(ITEM, offset=1)
 
 
 def _keys() -> list[str]:
@@ -50,7 +50,7 @@ def _keys() -> list[str]:
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile") / "s.tsc"
     tsc.build_store(_keys(), root, loader=_vec, loader_id="vec/1", workers=1,
-                    progress=False).close()
+                    progress=False, identity="none").close()
     return root
 
 
@@ -118,7 +118,8 @@ def assert_rejected(root: Path, match: str, *, named: Path | None = None,
         (lambda a: a.update(dtype="V12"), "is not allowed"),
         (lambda a: a.update(dtype=">f4"), "is not allowed"),
         (lambda a: a.update(dtype=["float32"]), "is not allowed"),
-        (lambda a: a.update(format_version=2), "upgrade tensorstore_cache or rebuild"),
+        (lambda a: a.update(format_version=3), "upgrade tensorstore_cache or rebuild"),
+        (lambda a: a.update(format_version=2), "fields must be a list"),
         (lambda a: a.pop("format_version"), "format version None"),
         (lambda a: a.update(key_bytes_len=-5), "key_bytes_len must be"),
         (lambda a: a.update(loader_id="x" * 5000), "loader_id must be a short string"),
@@ -443,7 +444,7 @@ def exercise(root: Path) -> str:
                 v = store.get(key)
                 assert v is None or v.shape == store.spec.item_shape
             batch = store.take(np.arange(n))
-            assert batch.shape == (n, *store.spec.item_shape)
+            assert batch.shape == (n, *(store.spec.item_shape or ()))
         verify_store(root)
         return "ok"
     except tsc.TensorStoreCacheError as exc:
@@ -615,7 +616,7 @@ def test_a_store_readers_would_refuse_is_never_published(tmp_path: Path) -> None
     root = tmp_path / "s.tsc"
     with pytest.raises(tsc.BuildError) as info:
         tsc.build_store(_keys()[:5], root, loader=_vec, loader_id="x" * 5000, workers=1,
-                        progress=False)
+                        progress=False, identity="none")
     assert "loader_id must be a short string" in str(info.value)
     assert "nothing was published" in str(info.value)
     assert isinstance(info.value.__cause__, tsc.CorruptStoreError)
@@ -630,5 +631,5 @@ def test_metadata_past_the_readers_cap_is_never_published(
     monkeypatch.setattr(config, "MAX_GROUP_JSON", 1024)  # as if 100k sources were skipped
     with pytest.raises(tsc.BuildError, match="more than the 1024 allowed"):
         tsc.build_store(_keys(), tmp_path / "s.tsc", loader=_vec, loader_id="vec/1",
-                        workers=1, progress=False)
+                        workers=1, progress=False, identity="none")
     assert [p.name for p in tmp_path.iterdir()] == []

@@ -30,8 +30,8 @@ import pytest
 import tensorstore_cache as tsc
 from tensorstore_cache import verify_store
 from tensorstore_cache.format.verify import verify_segment
-from tensorstore_cache.reader.segment import Segment
-from tensorstore_cache.reader.store import CacheStore
+
+from ._stores import layered
 
 REPO = Path(__file__).resolve().parents[1]
 N = 150  # three shards of 64, 64 and 22 rows
@@ -54,7 +54,7 @@ def _sum(i: int) -> float:
 
 def build(path: Path, n: int = N) -> tsc.CacheStore:
     return tsc.build_store(_keys(n), path, loader=_vec, loader_id="vec/1", workers=1,
-                           progress=False)
+                           progress=False, identity="none")
 
 
 def shard(root: Path, k: int) -> Path:
@@ -350,9 +350,9 @@ def test_verify_checks_every_segment_of_a_layered_store(tmp_path: Path) -> None:
     a, b = tmp_path / "a.tsc", tmp_path / "b.tsc"
     build(a, 100).close()
     tsc.build_store(_keys(N)[90:], b, loader=_vec, loader_id="vec/1", workers=1,
-                    progress=False).close()
-    segments = [Segment(a), Segment(b)]
-    store = CacheStore(segments, segments[0].spec, str(tmp_path / "layered"))
+                    progress=False, identity="none").close()
+    store = layered(a, b)
+    segments = list(store.segments)
     assert len(store) == N
     store.verify()
     report = verify_store(store)
@@ -451,7 +451,7 @@ def test_an_open_store_never_mixes_with_its_replacement(
     assert float(old["src/k0070.bin"].sum()) == _sum(70)  # shard 1 mapped, 0 and 2 not yet
     keys = _keys()[::-1]  # same keys, same sizes, every row moved
     tsc.build_store(keys, root, loader=_vec, loader_id="vec/1", workers=1, progress=False,
-                    overwrite=True).close()
+                    overwrite=True, identity="none").close()
     assert swaps == [True] if exchange and _jsonio._renameat2 is not None else swaps == [False]
     new = tsc.open_store(root)
     assert new.paths == keys and float(new["src/k0005.bin"].sum()) == _sum(5)

@@ -61,22 +61,12 @@ def shard_obj(row: int, prefix: str = PREFIX) -> str:
 
 
 @pytest.fixture(scope="module")
-def s3() -> Any:
-    server = S3Process()
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def big(s3: S3Process, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The 20,000-cover store, built and uploaded."""
     store = tsc.build_store(
         [key(i) for i in range(N)], URL, loader=cover, loader_id="test.cover/1", dtype="uint8",
         shard_bytes=SHARD_BYTES, workers=1, progress=False,
-        cache_dir=tmp_path_factory.mktemp("builder"), storage_options=s3.storage_options(),
+        cache_dir=tmp_path_factory.mktemp("builder"), storage_options=s3.storage_options(), identity="none",
     )
     assert store.spec.rows_per_shard == ROWS
     store.close()
@@ -221,7 +211,7 @@ def small(s3: S3Process, tmp_path: Path) -> tuple[str, dict[str, Any]]:
     url = f"s3://{BUCKET}/{tmp_path.name}.tsc"
     tsc.build_store([key(i) for i in range(1_000)], url, loader=cover, loader_id="test.cover/1",
                     dtype="uint8", shard_bytes=SHARD_BYTES, workers=1, progress=False,
-                    cache_dir=tmp_path / "builder", storage_options=s3.storage_options()).close()
+                    cache_dir=tmp_path / "builder", storage_options=s3.storage_options(), identity="none").close()
     return url, s3.storage_options()
 
 
@@ -268,7 +258,7 @@ def test_a_replaced_store_keeps_serving_the_old_version_or_says_reopen(
     tsc.build_store([key(i) for i in range(1_000)], url, loader=inverted, loader_id="test.inv/1",
                     dtype="uint8", shard_bytes=SHARD_BYTES, workers=1, progress=False,
                     overwrite=True, cache_dir=tmp_path / "builder2",
-                    storage_options=options).close()
+                    storage_options=options, identity="none").close()
     np.testing.assert_array_equal(old[key(2)], cover(key(2)))  # the old version, still
     with pytest.raises(tsc.StoreReplacedError, match=r"replaced.*reopen"):
         old[key(5 * ROWS)]  # shard 5 was never fetched: its bytes are the new version's now
@@ -314,7 +304,7 @@ def nfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_store_on_nfs_is_read_through_the_node_cache(nfs: Path, tmp_path: Path) -> None:
     tsc.build_store([key(i) for i in range(500)], nfs / "covers.tsc", loader=cover,
                     loader_id="test.cover/1", dtype="uint8", shard_bytes=SHARD_BYTES, workers=1,
-                    progress=False).close()
+                    progress=False, identity="none").close()
     cache = tmp_path / "cache"
     store = tsc.open_store(nfs / "covers.tsc", cache_dir=cache)
     assert Path(store.location).is_relative_to(cache / "remote")
@@ -324,12 +314,12 @@ def test_a_store_on_nfs_is_read_through_the_node_cache(nfs: Path, tmp_path: Path
     assert not [m for m in mapped if m.startswith(str(nfs))]  # nothing maps the network files
     assert [m for m in mapped if m.startswith(str(cache))]
     # the user's explicit choice: map it in place
-    direct = tsc.open_store(nfs / "covers.tsc", cache_dir=cache, local_copy="never")
+    direct = tsc.open_store(nfs / "covers.tsc", local_copy="never")
     assert direct.location == str(nfs / "covers.tsc")
     np.testing.assert_array_equal(direct.take(rows), expected(rows))
     # local_copy="always": a local store through the node cache too
     local = tsc.build_store([key(i) for i in range(100)], tmp_path / "local.tsc", loader=cover,
-                            loader_id="test.cover/1", dtype="uint8", workers=1, progress=False)
+                            loader_id="test.cover/1", dtype="uint8", workers=1, progress=False, identity="none")
     copied = tsc.open_store(local.location, cache_dir=cache, local_copy="always")
     assert Path(copied.location).is_relative_to(cache / "remote")
     np.testing.assert_array_equal(copied[key(5)], cover(key(5)))
@@ -419,7 +409,7 @@ def test_the_cap_evicts_least_recently_used_shards_never_mapped_ones(
         for h in range(4):
             holder = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"],
                                     max_bytes=cap)
-            budget = holder.segments[0].budget
+            budget = holder.segments[0].vectors.budget
             assert budget is not None and 4 * budget > 10  # four of them map more than the cap
             rows = (100 + h * budget + np.arange(budget)) * ROWS
             np.testing.assert_array_equal(holder.take(rows), expected(rows))
@@ -448,7 +438,7 @@ def test_a_full_pass_under_a_cap_of_ten_shards_releases_what_it_no_longer_reads(
         index = _cache_bytes(cache)  # metadata and index: fetched by this first open
     cap = index + 10 * shard
     store = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"], max_bytes=cap)
-    budget = store.segments[0].budget
+    budget = store.segments[0].vectors.budget
     assert budget is not None and 1 <= budget < 10
     # an epoch in shuffled shard order (rows shuffled within groups of 4 shards), batches of 256
     rng = np.random.default_rng(0)

@@ -17,7 +17,6 @@ import os
 import shutil
 import stat
 import warnings
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,9 @@ import pytest
 
 import tensorstore_cache as tsc
 
-from . import _uids
+from . import _records, _uids
 from ._cache_loaders import LogLoader, expected, log_lines, write_sources
-from ._uids import Accounts, Child, Gate, run_as, shared_base
+from ._uids import Accounts, Child, Gate, run_as
 
 pytestmark = pytest.mark.skipif(not _uids.can_switch_users(), reason="needs root and fork")
 
@@ -43,24 +42,6 @@ def _preloaded() -> None:
     _uids.preload("tensorstore_cache", skip=("torch",))
     with contextlib.suppress(ImportError):
         import fsspec.implementations.memory  # noqa: F401
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    with shared_base() as b:
-        yield b
-
-
-@pytest.fixture
-def accounts() -> Iterator[Accounts]:
-    if not _uids.have_user_tools():
-        pytest.skip("needs useradd and groupadd")
-    _uids.remove_leftovers()
-    acc = Accounts()
-    try:
-        yield acc
-    finally:
-        acc.close()
 
 
 @pytest.fixture
@@ -164,7 +145,7 @@ def test_part_or_file_of_another_uid_is_refused(base: Path, sources: list[str]) 
     log = str(base / "log")
     cache = base / "victim"
     run_as(VICTIM, get, str(cache), sources, log)
-    (part,) = (only_namespace(cache) / "parts").iterdir()
+    (part,) = [p for p in (only_namespace(cache) / "parts").iterdir() if p.is_dir()]
     os.chown(part, *MALLORY[:2])
     with pytest.raises(tsc.UntrustedCacheError) as info:
         run_as(VICTIM, get, str(cache), sources, log)
@@ -182,7 +163,7 @@ def test_group_writable_part_is_refused_outside_shared_mode(base: Path, sources:
     cache = base / "victim"
     run_as(VICTIM, get, str(cache), sources, log)
     ns = only_namespace(cache)
-    (part,) = (ns / "parts").iterdir()
+    (part,) = [p for p in (ns / "parts").iterdir() if p.is_dir()]
     os.chmod(part, 0o770)
     with pytest.raises(tsc.UntrustedCacheError) as info:
         run_as(VICTIM, get, str(cache), sources, log)
@@ -296,7 +277,7 @@ def test_ls_flags_what_cached_would_refuse(base: Path, sources: list[str]) -> No
     assert f"refusing the cache directory {planted}" in listed[planted.name]["refused_message"]
     assert "cache_dir" in listed[planted.name]["refused_message"]
     # a group-writable shard file inside the victim's own namespace: found by the same opens
-    (part,) = (mine / "parts").iterdir()
+    (part,) = [p for p in (mine / "parts").iterdir() if p.is_dir()]
     shard = next(p for p in (part / "vectors").rglob("*") if p.is_file() and p.name != "zarr.json")
     os.chmod(shard, 0o660)
     listed = {c["namespace"]: c for c in json.loads(run_as(VICTIM, cli, "ls", "--cache-dir",
@@ -387,7 +368,7 @@ def test_shared_cache_refuses_files_of_non_members(
     log = str(base / "log")
     team = base / "team"
     run_as(a, get, str(team), sources, log, group)
-    (part,) = (only_namespace(team) / "parts").iterdir()
+    (part,) = [p for p in (only_namespace(team) / "parts").iterdir() if p.is_dir()]
     os.chown(part, outsider.uid, gid)
     with pytest.raises(tsc.UntrustedCacheError, match="not a member of group") as info:
         run_as(a, get, str(team), sources, log, group)
@@ -410,7 +391,7 @@ def test_shared_gc_keeps_another_members_part_unless_asked(
     team = base / "team"
     run_as(a, get, str(team), sources, log, group)
     parts = only_namespace(team) / "parts"
-    (live,) = parts.iterdir()
+    (live,) = [p for p in parts.iterdir() if p.is_dir()]
 
     def orphan(src: str) -> str:  # an unreferenced part of a's, as a merge leaves
         dst = src[:-8] + "0badf00d"
@@ -481,3 +462,117 @@ def test_remote_copy_in_a_shared_cache_is_downloaded_once_for_the_group(
     with pytest.raises(tsc.UntrustedCacheError, match="not a member of group") as info:
         run_as(b, read, url, str(team), group)
     assert info.value.path == str(version / "zarr.json")
+
+
+# -- stores of records ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def record_sources(base: Path) -> list[str]:
+    paths = _records.write_sources(base / "rsrc", 40)
+    os.chmod(base / "rsrc", 0o755)
+    log = base / "rlog"
+    log.touch()
+    os.chmod(log, 0o666)
+    return paths
+
+
+def get_records(cache: str, keys: list[str], log: str, share: str | int | None = None,
+                gate: Gate | None = None) -> Any:
+    if gate is not None:
+        gate.wait()
+    with tsc.cached(keys, cache_dir=cache, loader=_records.RecordLoader(log, boxes=True),
+                    loader_id="rec/1", fields=_records.BOX_FIELDS, workers=1, progress=False,
+                    share_with=share) as store:
+        return [_records.same(store[k], _records.expected(k, boxes=True)) for k in keys]
+
+
+def test_a_private_cache_of_records_has_private_modes(
+    base: Path, record_sources: list[str]
+) -> None:
+    cache = base / "victim"
+    got = run_as(VICTIM, get_records, str(cache), record_sources, str(base / "rlog"),
+                 umask=0o002)
+    assert got == [True] * len(record_sources)
+    ns = only_namespace(cache)
+    assert list(ns.rglob("fields/title_ids/values/c/0"))  # a part of records
+    for p in [cache, *cache.rglob("*")]:
+        assert mode(p) == (0o700 if p.is_dir() else 0o600), p
+        assert p.lstat().st_uid == VICTIM[0]
+
+
+def test_two_users_of_a_group_build_records_once_and_both_read(
+    base: Path, record_sources: list[str], accounts: Accounts
+) -> None:
+    group, gid = accounts.group()
+    a = accounts.user(groups=(group,))
+    b = accounts.user(groups=(group,))
+    log = str(base / "rlog")
+    team = base / "team"
+    gate = Gate()
+    kids = [
+        Child(a, get_records, str(team), record_sources, log, group, gate, umask=0o077),
+        Child(b, get_records, str(team), record_sources, log, gid, gate, umask=0o022),
+    ]
+    try:
+        gate.open()
+        results = [k.result(120) for k in kids]
+    finally:
+        gate.close()
+        for k in kids:
+            k.kill()
+    assert results == [[True] * len(record_sources)] * 2
+    calls = log_lines(Path(log))
+    assert sorted(k for _p, k in calls) == sorted(record_sources), "every record computed once"
+    assert len({p for p, _k in calls}) == 1, "by one process"
+    ns = only_namespace(team)
+    assert list(ns.rglob("fields/pic/shapes/c/0/0"))
+    member_write = {ns / "lock", ns / "last_used"}
+    for p in [team, *team.rglob("*")]:
+        st = p.lstat()
+        assert st.st_gid == gid, p
+        if p.is_dir():
+            assert stat.S_IMODE(st.st_mode) == 0o2770, p
+        else:
+            assert stat.S_IMODE(st.st_mode) == (0o660 if p in member_write else 0o640), p
+    assert run_as(b, get_records, str(team), record_sources, log, group) == [True] * 40
+    assert len(log_lines(Path(log))) == len(record_sources)
+
+
+def test_a_remote_store_of_records_in_a_shared_cache_is_fetched_once_for_the_group(
+    base: Path, record_sources: list[str], accounts: Accounts
+) -> None:
+    pytest.importorskip("fsspec")
+    group, gid = accounts.group()
+    a = accounts.user(groups=(group,))
+    b = accounts.user(groups=(group,))
+    url = f"memory://tsc-perm-records-{os.getpid()}/store.tsc"
+    tsc.build_store(record_sources, url, cache_dir=base / "root-cache",
+                    loader=_records.RecordLoader(boxes=True), loader_id="rec/1",
+                    fields=_records.BOX_FIELDS, workers=1, progress=False).close()
+    team = base / "team"
+
+    def read(url: str, cache: str, share: str, keys: list[str]) -> Any:
+        with tsc.open_store(url, cache_dir=cache, share_with=share) as store:
+            return [_records.same(store[k], _records.expected(k, boxes=True)) for k in keys]
+
+    half = record_sources[:20]
+    assert run_as(a, read, url, str(team), group, half) == [True] * 20
+    assert run_as(b, read, url, str(team), group, record_sources) == [True] * 40
+    (version,) = [p for p in (team / "remote").glob("*/*") if p.is_dir()]
+    assert (version / "fields/title/values/c/0").is_file()
+    member_write = {version.with_name(version.name + ".lock"),
+                    version.with_name(version.name + ".holds"),
+                    team / "remote" / "evict.lock", team / "remote" / "usage"}
+    for p in [team, *team.rglob("*")]:
+        st = p.lstat()
+        assert st.st_gid == gid, p
+        if p.is_dir():
+            assert stat.S_IMODE(st.st_mode) == 0o2770, p
+        else:
+            assert stat.S_IMODE(st.st_mode) == (0o660 if p in member_write else 0o640), p
+    # one file a field holds all 40 records: a fetched every one, b found them (fetched none)
+    owners = {p.relative_to(version).as_posix(): p.lstat().st_uid
+              for p in version.rglob("*") if p.is_file()}
+    assert "fields/image/c/0/0/0/0" in owners and "fields/title_ids/offsets/c/0" in owners
+    assert set(owners.values()) == {a.uid}

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
+from benchmarks.s3server import S3Process
 from tensorstore_cache.format.metadata import GroupMetadata
 from tensorstore_cache.fs.durable import file_digest
 
@@ -73,7 +74,7 @@ def _log_lines(log: Path) -> list[list[str]]:
 
 
 def _everything(store: tsc.CacheStore) -> np.ndarray:
-    return store.take(np.arange(len(store)))
+    return np.asarray(store.take(np.arange(len(store))))
 
 
 def _versions(cache: Path) -> list[Path]:
@@ -331,52 +332,33 @@ def test_pickled_remote_store_reopens_the_local_copy_without_requests(
 # -- a real S3 API on the loopback interface ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3() -> Any:
-    pytest.importorskip("s3fs")
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {
-        "endpoint_url": f"http://{host}:{port}",
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"region_name": "us-east-1"},
-    }
-    yield options
-    server.stop()
-
-
 def test_s3_build_upload_open_elsewhere_and_overwrite(
-    s3: dict[str, Any], images: list[str], local_store: tsc.CacheStore, tmp_path: Path
+    s3: S3Process, images: list[str], local_store: tsc.CacheStore, tmp_path: Path
 ) -> None:
-    import boto3
     import s3fs
 
-    boto3.client(
-        "s3", endpoint_url=s3["endpoint_url"], aws_access_key_id="testing",
-        aws_secret_access_key="testing", region_name="us-east-1",
-    ).create_bucket(Bucket="covers-bucket")
-    fs = s3fs.S3FileSystem(**s3, skip_instance_cache=True)
+    s3.create_bucket("covers-bucket")
+    options = s3.storage_options()
+    fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
     url = "s3://covers-bucket/v1/covers.tsc"
     built = tsc.build_store(
-        images, url, workers=2, progress=False, cache_dir=tmp_path / "builder", storage_options=s3
+        images, url, workers=2, progress=False, cache_dir=tmp_path / "builder",
+        storage_options=options,
     )
     np.testing.assert_array_equal(_everything(built), _everything(local_store))
     files = GroupMetadata.read(Path(local_store.location)).files
     listed = {p.split("/covers.tsc/", 1)[1] for p in fs.find("covers-bucket/v1/covers.tsc")}
     assert listed == set(files) | {"zarr.json"}
-    reader = tsc.open_store(url, cache_dir=tmp_path / "reader", storage_options=s3)
+    reader = tsc.open_store(url, cache_dir=tmp_path / "reader", storage_options=options)
     assert Path(reader.location).is_relative_to(tmp_path / "reader")
     np.testing.assert_array_equal(_everything(reader), _everything(local_store))
     reader.verify()
     # a new version replaces the old one; a reader opening afterwards gets a new copy
     tsc.build_store(
         images[:20], url, workers=1, progress=False, cache_dir=tmp_path / "builder",
-        storage_options=s3, overwrite=True,
+        storage_options=options, overwrite=True,
     )
-    newer = tsc.open_store(url, cache_dir=tmp_path / "reader", storage_options=s3)
+    newer = tsc.open_store(url, cache_dir=tmp_path / "reader", storage_options=options)
     assert len(newer) == 20 and newer.location != reader.location
     np.testing.assert_array_equal(newer[images[5]], local_store[images[5]])
     assert len(reader) == len(images)  # the old copy stays valid for whoever maps it

@@ -69,17 +69,7 @@ def _calls(log: Path) -> list[tuple[int, float, int]]:
 
 
 def _all_rows(store: tsc.CacheStore) -> np.ndarray:
-    return store.take(np.arange(len(store)))
-
-
-@pytest.fixture(scope="module")
-def s3() -> Any:
-    server = S3Process()
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
+    return np.asarray(store.take(np.arange(len(store))))
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ def _noise(key: str) -> np.ndarray:
 def big_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     root = tmp_path_factory.mktemp("shared") / "noise.tsc"
     store = tsc.build_store([f"k{i}" for i in range(N)], root, loader=_noise,
-                            loader_id="noise/1", workers=1, progress=False)
+                            loader_id="noise/1", workers=1, progress=False, identity="none")
     nbytes = N * store.spec.item_nbytes
     assert nbytes > 90 * MB
     store.close()
@@ -86,7 +86,7 @@ def _touch_everything(store: tsc.CacheStore, mode: str) -> tuple[float, Any]:
     total = 0.0
     for key in store.paths:  # a view of every vector (the store keeps the pages mapped)
         total += float(store[key].sum(dtype=np.float64))
-    out = np.empty((32, *store.spec.item_shape), store.dtype)  # a reused batch buffer
+    out = np.empty((32, *store.shape[1:]), store.dtype)  # a reused batch buffer
     for start in range(0, n, 32):
         rows = np.arange(start, min(start + 32, n))
         total += float(store.take(rows, out=out[: len(rows)]).sum(dtype=np.float64))

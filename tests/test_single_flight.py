@@ -20,7 +20,7 @@ import pytest
 
 import tensorstore_cache as tsc
 from tensorstore_cache.cache.namespace import Namespace
-from tensorstore_cache.fs.locks import BuildLock
+from tensorstore_cache.fs.locks import ExclusiveLock
 
 from ._cache_loaders import LogLoader, expected, log_lines, write_sources
 
@@ -169,7 +169,7 @@ def test_lock_timeout_names_the_holder(tmp_path: Path) -> None:
     loader = LogLoader(tmp_path / "log")
     tsc.cached(keys[:1], cache_dir=tmp_path / "cache", loader=loader, progress=False)
     ns = Namespace(Namespace_dir(tmp_path))
-    holder = BuildLock(ns.lock_path)
+    holder = ExclusiveLock(ns.lock_path)
     assert holder.try_acquire() is True
     try:
         with pytest.raises(tsc.StoreLockedError) as info:

@@ -32,6 +32,8 @@ import optuna  # noqa: E402
 
 from benchmarks.sweep import CONFIGS, METHODS  # noqa: E402
 
+from .test_bench_reports import absolute_paths  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 Sweep = tuple[Path, dict[str, Any], str]  # work dir, sweep.json, printed table
 
@@ -156,8 +158,11 @@ def test_timings_decode_memory_and_disk_are_measured(sweep: Sweep) -> None:
 
 @pytest.mark.timeout(480)
 def test_report_table_targets_and_plot(sweep: Sweep) -> None:
-    _work, report, stdout = sweep
-    results = Path(report["config"]["results"])
+    work, report, stdout = sweep
+    results = work.parent / "results"
+    # written as anyone can rerun it: no directory of this machine (commands, logs)
+    assert (report["config"]["workdir"], report["config"]["results"]) == ("<workdir>", "<results>")
+    assert absolute_paths((results / "sweep.json").read_text()) == []
     table = (results / "sweep.md").read_text()
     assert table.strip() in stdout
     for name in METHODS:

@@ -44,14 +44,14 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> tsc.CacheStore:
     root = tmp_path_factory.mktemp("torch")
     paths = [f"covers/{i % 97}/{i:06d}.jpg" for i in range(N_BIG)]
     return tsc.build_store(paths, root / "big.tsc", loader=vector_of, loader_id="test.vector_of/1",
-                           workers=1, progress=False)
+                           workers=1, progress=False, identity="none")
 
 
 @pytest.fixture
 def small(tmp_path: Path) -> tsc.CacheStore:
     paths = [f"s/{i}.png" for i in range(50)]
     return tsc.build_store(paths, tmp_path / "small.tsc", loader=vector_of, loader_id="t/1",
-                           workers=1, progress=False)
+                           workers=1, progress=False, identity="none")
 
 
 def test_items_are_zero_copy_views_without_warnings(small: tsc.CacheStore) -> None:
@@ -98,8 +98,8 @@ def test_bad_arguments_are_named(small: tsc.CacheStore, tmp_path: Path) -> None:
         StoreDataset(small, as_float=True)
     with pytest.raises(tsc.StoreNotFoundError):
         StoreDataset(tmp_path / "absent.tsc")
-    with pytest.raises(TypeError, match="sampler"):
-        StoreDataset(small).dataloader(4, sampler=None)
+    with pytest.raises(TypeError, match="batch_sampler"):
+        StoreDataset(small).dataloader(4, batch_sampler=None)
 
 
 def test_pickles_as_a_location_and_reopens_lazily(big: tsc.CacheStore) -> None:
@@ -147,7 +147,7 @@ def test_transform_applies_per_item_on_every_path(small: tsc.CacheStore) -> None
 def test_uint8_store_as_float(tmp_path: Path) -> None:
     paths = [f"u/{i}.png" for i in range(20)]
     store = tsc.build_store(paths, tmp_path / "u8.tsc", loader=bytes_of, loader_id="t/u8",
-                            dtype="uint8", workers=1, progress=False)
+                            dtype="uint8", workers=1, progress=False, identity="none")
     raw = StoreDataset(store)
     assert raw[0].dtype == torch.uint8
     ds = StoreDataset(store, as_float=True)
@@ -254,9 +254,9 @@ def test_core_does_not_import_torch_or_pandas() -> None:
 def test_dataset_over_a_cached_store_pickles_with_its_reopen_recipe(tmp_path: Path) -> None:
     paths = [f"c/{i}.png" for i in range(30)]
     store = tsc.cached(paths[:20], cache_dir=tmp_path, loader=vector_of, loader_id="t/1",
-                       workers=1, progress=False)
+                       workers=1, progress=False, identity="none")
     store = tsc.cached(paths, cache_dir=tmp_path, loader=vector_of, loader_id="t/1",
-                       workers=1, progress=False)  # a second part: rows span two segments
+                       workers=1, progress=False, identity="none")  # a second part: rows span two segments
     assert len(store.segments) == 2
     ds = StoreDataset(store, paths[::-1], targets=np.arange(30))
     again = pickle.loads(pickle.dumps(ds))

@@ -232,7 +232,7 @@ def test_the_loader_travels_once_per_worker(tmp_path: Path) -> None:
     log = tmp_path / "trips.log"
     keys = [f"k{i}" for i in range(640)]  # 10 shards of 64 rows
     store = tsc.build_store(keys, tmp_path / "s.tsc", loader=CountsItsTrips(str(log)),
-                            workers=3, progress=False)
+                            workers=3, progress=False, identity="none")
     np.testing.assert_array_equal(store.take(np.arange(640))[:, 0], np.arange(640))
     trips = calls(log)
     assert [pid for pid, what in trips if what == "pickled"] == [os.getpid()]

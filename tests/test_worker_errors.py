@@ -63,7 +63,7 @@ def test_loader_error_in_a_worker_names_every_path_with_its_traceback(tmp_path: 
     out = tmp_path / "s.tsc"
     with pytest.raises(tsc.BuildError) as info:
         tsc.build_store(keys, out, loader=fails_on_some, loader_id="fails/1", workers=2,
-                        progress=False)
+                        progress=False, identity="none")
     err = info.value
     reason = "ValueError: cover {} is truncated"
     assert err.failures == [(k, reason.format(k)) for k in ("k3", "k7", "k140")]
@@ -144,7 +144,7 @@ def test_unpicklable_loader_is_refused_before_any_process_starts(tmp_path: Path)
         tsc.build_store([f"k{i}" for i in range(150)], tmp_path / "s.tsc", loader=HoldsALock(),
                         loader_id="l/1", workers=2, progress=False)
     store = tsc.build_store([f"k{i}" for i in range(150)], tmp_path / "s.tsc",
-                            loader=HoldsALock(), loader_id="l/1", workers=1, progress=False)
+                            loader=HoldsALock(), loader_id="l/1", workers=1, progress=False, identity="none")
     assert len(store) == 150
 
 
@@ -160,7 +160,7 @@ interrupts_itself.item_shape = (4,)  # type: ignore[attr-defined]
 def test_a_worker_ignores_sigint(tmp_path: Path) -> None:
     keys = [f"k{i}" for i in range(150)]
     store = tsc.build_store(keys, tmp_path / "s.tsc", loader=interrupts_itself,
-                            loader_id="i/1", workers=2, progress=False)
+                            loader_id="i/1", workers=2, progress=False, identity="none")
     np.testing.assert_array_equal(store.take(np.arange(150))[:, 0], np.arange(150))
 
 

@@ -31,9 +31,10 @@ def open_or_build(out: str, paths: list[str], loader: Any) -> tuple[Any, float |
     else:
         return store, time.perf_counter() - t0
     kwargs: dict[str, Any] = {"size": SIZE, "workers": WORKERS, "progress": False}
-    if loader is not None:
+    if loader is not None:  # the synthetic loader of the open-time rounds: keys are not files
         kwargs["loader"] = loader
         kwargs["loader_id"] = loader.loader_id
+        kwargs["identity"] = "none"
     return tsc.build_store(paths, out, **kwargs), None
 
 

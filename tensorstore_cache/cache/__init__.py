@@ -1,1 +1,39 @@
-"""The cache directory: namespaces of immutable parts, get-or-build, compaction, housekeeping."""
+"""The cache directory: namespaces of immutable parts, get-or-build, compaction, housekeeping.
+
+The layers above import only the names listed here (``from ..cache import X``),
+never a module of this package; each is imported when first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._interface import interface
+
+if TYPE_CHECKING:
+    from .cached import CacheOptions, cached_store
+    from .housekeeping import Removed, gc
+    from .listing import CacheInfo, list_caches
+    from .namespace import NamespaceDirectory, is_namespace
+
+#: Every name of the interface, by the module defining it.
+_MODULES = {
+    "cached": ("CacheOptions", "cached_store"),
+    "housekeeping": ("Removed", "gc"),
+    "listing": ("CacheInfo", "list_caches"),
+    "namespace": ("NamespaceDirectory", "is_namespace"),
+}
+
+__all__ = [
+    "CacheInfo",
+    "CacheOptions",
+    "NamespaceDirectory",
+    "Removed",
+    "cached_store",
+    "gc",
+    "is_namespace",
+    "list_caches",
+]
+
+if not TYPE_CHECKING:  # a name is imported from its module when first used
+    __getattr__, __dir__ = interface(__name__, _MODULES)

@@ -15,18 +15,17 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from ..config import Check, OnStale
-from ..errors import BuildError, StaleSourceError, StoreNotFoundError
-from ..format.hashes import write_hashes
-from ..fs.locks import Holder
-from ..fs.temp import remove_tree
-from ..reader.sources import hash_many, stale_mask
-from ..reader.store import CacheStore, open_directory
-from ..writer.build import BuildOptions, build, build_dir_target, collect_debris
-from ..writer.reentry import building
+from ..config import OnStale
+from ..errors import BuildError, CorruptStoreError, StaleSourceError, StoreNotFoundError
+from ..format import write_hashes
+from ..fs import Holder, parse_temp, remove_tree
+from ..reader import CacheStore, open_directory, stale_mask, token_map
+from ..writer import BuildOptions, Schema, build, building, collect_debris
 from .compact import merge_start, write_merged
 from .fingerprint import fingerprint, namespace_name
 from .namespace import Manifest, Namespace
@@ -42,41 +41,62 @@ class CacheOptions:
 
     build: BuildOptions
     """How to compute what is missing."""
-    check: Check = "stat"
-    """How a cached entry is known to be current."""
+    identity: Literal["stat", "content", "none", "token"] = "stat"
+    """How a cached entry is known to be current: its source's stat, its content hash, never
+    stale, or the version ``tokens`` of the requested keys."""
+    tokens: Callable[[list[str]], npt.ArrayLike] | None = None
+    """With ``identity="token"``: the keys' version tokens, called once per call."""
     on_stale: OnStale = "rebuild"
     """What to do with stale entries."""
     lock_timeout: float | None = None
     """Seconds to wait at most for another process's build."""
 
 
+#: Every requested key's version token (``identity="token"``), else None.
+_Tokens = dict[str, int] | None
+
+
+#: Errors that mean "what this process was opening was removed meanwhile" when they come
+#: from an open made without the namespace's lock (gc, or a merge, may remove it then).
+_VANISHED = (StoreNotFoundError, FileNotFoundError, CorruptStoreError)
+#: Attempts under the lock where locks do not work (gc may then remove what we open).
+_UNLOCKED_ATTEMPTS = 5
+
+
 def cached_store(cache_dir: Path, keys: list[str], options: CacheOptions) -> CacheStore:
     """Return a store of the namespace of ``options``'s loader holding every key of ``keys``.
+
+    A first look, without any lock, returns the current store if it holds
+    every key, current. Otherwise the namespace's build lock is taken, and
+    everything that follows happens under it: the plan (against every key,
+    since housekeeping may have removed the namespace since the first look),
+    the build of what is missing or stale, the publication and the opening of
+    the store returned. :func:`~tensorstore_cache.cache.housekeeping.gc` removes
+    nothing of a namespace without holding its lock, so that store holds
+    every key (but those this call skipped, ``on_error="skip"``), checked
+    before it is returned.
 
     Parameters
     ----------
     cache_dir
-        The cache directory.
+        The cache directory (see :func:`tensorstore_cache.config.cache_root`).
     keys
         Distinct normalised keys.
     options
         What to compute and how.
     """
     info = options.build.loader
-    fp = fingerprint(info.loader_id, info.params, options.build.dtype)
-    ns = Namespace(cache_dir.expanduser() / namespace_name(fp), fp, trust=options.build.trust)
+    fp = fingerprint(info.loader_id, info.params, options.build.dtype, options.build.schema,
+                     options.build.names)
+    ns = Namespace(cache_dir / namespace_name(fp), fp, trust=options.build.trust)
     try:
-        for attempt in range(3):
-            try:
-                return _get_or_build(ns, keys, options)
-            except StoreNotFoundError:
-                if attempt == 2:
-                    raise
-                # gc removed the namespace (or a part) while we opened it: start afresh
-                logger.info("%s was collected while in use; retrying", ns.root.name)
+        tokens = _tokens(keys, options)
+        store, seen = _look(ns, keys, options, tokens)
+        if store is not None:
+            return store
+        return _under_lock(ns, keys, options, seen, tokens)
     finally:
         ns.close()  # the store returned holds its own descriptors
-    raise AssertionError("unreachable")
 
 
 def _reporter(ns: Namespace, progress: bool) -> Callable[[Holder | None], None]:
@@ -94,7 +114,7 @@ def _reporter(ns: Namespace, progress: bool) -> Callable[[Holder | None], None]:
 
 
 def _plan(
-    view: CacheStore | None, keys: list[str], check: Check, on_stale: OnStale
+    view: CacheStore | None, keys: list[str], options: CacheOptions, tokens: _Tokens
 ) -> tuple[list[str], list[str]]:
     """Return ``(missing, stale)`` keys of ``keys`` against ``view``."""
     if view is None or not keys:
@@ -102,11 +122,23 @@ def _plan(
     rows = view.rows(keys, missing="ignore")
     present = np.flatnonzero(rows >= 0)
     missing = [keys[i] for i in np.flatnonzero(rows < 0).tolist()]
-    if on_stale == "ignore" or len(present) == 0:
+    if options.on_stale == "ignore" or options.identity == "none" or len(present) == 0:
         return missing, []
     found = [keys[i] for i in present.tolist()]
-    mask = stale_mask(found, view.source_identity(rows[present], content_hash=check == "hash"))
+    recorded = view.source_identity(rows[present], content_hash=options.identity != "token")
+    current = None if tokens is None else np.array([tokens[k] for k in found], np.uint64)
+    mask = stale_mask(found, recorded, check=options.identity, tokens=current)
     return missing, [found[i] for i in np.flatnonzero(mask).tolist()]
+
+
+
+
+def _tokens(keys: list[str], options: CacheOptions) -> _Tokens:
+    """Call the identity function once with every requested key (new ones included)."""
+    if options.identity != "token":
+        return None
+    assert options.tokens is not None
+    return token_map(keys, options.tokens)
 
 
 def _open(ns: Namespace, manifest: Manifest | None, *, pin: bool) -> CacheStore | None:
@@ -116,100 +148,221 @@ def _open(ns: Namespace, manifest: Manifest | None, *, pin: bool) -> CacheStore 
 
 
 def _empty(ns: Namespace, item_shape: tuple[int, ...] | None) -> CacheStore:
-    store = ns.open_parts([], pin=False)
-    if item_shape is not None:
-        spec = dataclasses.replace(store.spec, item_shape=item_shape)
-        store = CacheStore([], spec, str(ns.root))
-    return store
+    return ns.open_parts([], pin=False, item_shape=item_shape)
 
 
-def _get_or_build(ns: Namespace, keys: list[str], options: CacheOptions) -> CacheStore:
-    ns.ensure()
-    ns.touch()
-    check, on_stale = options.check, options.on_stale
-    item_shape = options.build.loader.item_shape
+#: What the first look found when it returned no store: the live parts it opened and the
+#: keys they lack or hold stale (None: it found nothing usable, plan every key again).
+_Seen = tuple[tuple[str, ...], list[str]] | None
 
-    # Most calls end here, without any lock: everything is cached and current.
-    view = _open(ns, ns.current(), pin=True)
-    missing, stale = _plan(view, keys, check, on_stale)
-    if not missing and not stale:
-        return view if view is not None else _empty(ns, item_shape)
-    if view is not None:
+
+def _look(
+    ns: Namespace, keys: list[str], options: CacheOptions, tokens: _Tokens
+) -> tuple[CacheStore | None, _Seen]:
+    """The first look, without the lock: the current store if it holds every key, current."""
+    try:
+        ns.ensure()
+        ns.touch()
+        manifest = ns.current()
+        view = _open(ns, manifest, pin=True)
+    except _VANISHED as exc:
+        # housekeeping removed the namespace (or a part) while we opened it without the
+        # lock: the same open under the lock either succeeds or is a true error
+        logger.info("%s changed while being opened (%s); taking its lock", ns.root.name, exc)
+        return None, None
+    if view is None:
+        if keys:
+            return None, None
+        return _empty(ns, options.build.loader.item_shape), None
+    assert manifest is not None
+    try:
+        missing, stale = _plan(view, keys, options, tokens)
+    except BaseException:
         view.close()
-    if stale and on_stale == "raise":
+        raise
+    if not missing and not stale:
+        return view, None  # most calls end here, without any lock
+    view.close()
+    if stale and options.on_stale == "raise":
         raise StaleSourceError(stale)
-    todo = missing + stale
+    return None, (manifest.parts, missing + stale)
 
+
+def _under_lock(
+    ns: Namespace, keys: list[str], options: CacheOptions, seen: _Seen, tokens: _Tokens
+) -> CacheStore:
+    """Build what is missing or stale and open the result, all under the namespace's lock."""
     # A worker of this namespace's own build (or its loader) fails here instead of waiting
     # for the lock its builder holds.
     with building(ns.root):
         lock = ns.lock()
-        lock.acquire(  # False: no locks here
+        locked = lock.acquire(  # False: no locks here
             timeout=options.lock_timeout, on_wait=_reporter(ns, options.build.progress)
         )
         try:
-            # Re-check under the lock: the previous holder may have built what we need.
-            base = ns.current()
-            view = _open(ns, base, pin=False)
-            try:
-                missing, stale = _plan(view, todo, check, on_stale)
-                if stale and on_stale == "raise":
-                    raise StaleSourceError(stale)
-                todo = missing + stale
-                if view is not None:
-                    held = view.spec.item_shape
-                    if item_shape is not None and tuple(item_shape) != held:
-                        raise ValueError(
-                            f"the loader declares items of shape {tuple(item_shape)}, but the cache "
-                            f"{str(ns.root)!r} holds items of shape {held} made by "
-                            f"{options.build.loader.loader_id!r}; "
-                            "if the loader's output changed, give it a new loader_id"
-                        )
-                    item_shape = held
-            finally:
-                if view is not None:
-                    view.close()
-            if todo:
-                _sweep_debris(ns)
-                if stale:
-                    logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
-                part = _build_part(ns, todo, options, item_shape)
-                if part is not None:
-                    manifest = _publish_part(ns, part, todo)
-                    if manifest is not None:
-                        _maybe_compact(ns, manifest)
+            for attempt in range(_UNLOCKED_ATTEMPTS):
+                try:
+                    return _fill(ns, keys, options, seen, tokens)
+                except _VANISHED:
+                    # Under the lock nothing is removed: a true error. Without working
+                    # locks, housekeeping may have crossed us: start afresh.
+                    if locked or attempt == _UNLOCKED_ATTEMPTS - 1:
+                        raise
+                    logger.info("%s changed while in use; starting afresh", ns.root.name)
+                    seen = None
+                    ns.ensure()
         finally:
             lock.release()
+    raise AssertionError("unreachable")
+
+
+def _fill(
+    ns: Namespace, keys: list[str], options: CacheOptions, seen: _Seen, tokens: _Tokens
+) -> CacheStore:
+    """Under the lock: plan, build, publish, then open the store and check it holds ``keys``.
+
+    ``seen`` is what the first look found. If every part it opened is still
+    live, every key it found is still found (parts are immutable, and merges
+    keep every entry), so only the keys it lacked or found stale are planned
+    again; otherwise (housekeeping removed the namespace or merged parts
+    meanwhile) every key is.
+    """
+    on_stale = options.on_stale
+    item_shape = options.build.loader.item_shape
+    schema = options.build.schema
+    base = ns.current()
+    view = _open(ns, base, pin=False)
+    try:
+        same = seen is not None and base is not None and set(seen[0]) <= set(base.parts)
+        wanted = seen[1] if same and seen is not None else keys
+        missing, stale = _plan(view, wanted, options, tokens)
+        if stale and on_stale == "raise":
+            raise StaleSourceError(stale)
+        if view is not None and view.spec.records:
+            schema = view.spec.schema  # declared, or inferred at the first build: enforced
+        elif view is not None:
+            held = view.spec.item_shape
+            if item_shape is not None and tuple(item_shape) != held:
+                raise ValueError(
+                    f"the loader declares items of shape {tuple(item_shape)}, but the cache "
+                    f"{str(ns.root)!r} holds items of shape {held} made by "
+                    f"{options.build.loader.loader_id!r}; "
+                    "if the loader's output changed, give it a new loader_id"
+                )
+            item_shape = held
+    finally:
+        if view is not None:
+            view.close()
+    todo = missing + stale
+    skipped: set[str] = set()
+    if todo:
+        _sweep_debris(ns)
+        if stale:
+            logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
+        label = _progress_label(options, item_shape, schema, len(missing), len(stale), len(keys))
+        part, skipped = _build_part(ns, todo, options, item_shape, schema, label, tokens)
+        if part is not None:
+            manifest = _publish_part(ns, part, todo)
+            if manifest is not None:
+                _maybe_compact(ns, manifest)
     final = _open(ns, ns.current(), pin=True)
-    return final if final is not None else _empty(ns, item_shape)
+    store = final if final is not None else _empty(ns, item_shape)
+    try:
+        _check_complete(store, keys, skipped)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _check_complete(store: CacheStore, keys: list[str], skipped: set[str]) -> None:
+    """Raise unless ``store`` holds every key but those skipped (never return a short store)."""
+    if not keys:
+        return
+    absent = np.flatnonzero(store.rows(keys, missing="ignore") < 0).tolist()
+    if not absent:
+        return
+    known = skipped | {key for key, _reason in store.spec.skipped}
+    short = [keys[i] for i in absent if keys[i] not in known]
+    if short:
+        raise StoreNotFoundError(
+            f"the cache {store.location!r} lacks {len(short)} of the {len(keys)} keys asked "
+            f"for after they were built (e.g. {short[0]!r}): something removed its parts "
+            "while this process held its lock; check that nothing but tensorstore_cache "
+            "deletes files in the cache directory"
+        )
 
 
 def _sweep_debris(ns: Namespace) -> None:
-    """Remove temporary directories that dead builders of this host left in ``parts/``."""
+    """Remove temporary entries that dead processes of this host left in ``parts/``."""
     try:
         names = os.listdir(ns.parts_dir)
     except OSError:
         return
     for name in names:
-        target = build_dir_target(name)
-        if target is not None:
-            collect_debris(ns.parts_dir / target)
+        temp = parse_temp(name)
+        if temp is not None:
+            collect_debris(ns.parts_dir / temp.target)
+
+
+def _progress_label(
+    options: CacheOptions,
+    item_shape: tuple[int, ...] | None,
+    schema: Schema | None,
+    new: int,
+    changed: int,
+    total: int,
+) -> str:
+    """What a build's progress bar says: the loader, the item and the work.
+
+    E.g. ``building image/1 3x32x32 float32, 300 new of 20,000``, or for
+    records ``building covers/1 (image, title_ids, rating), ...``; stale
+    entries computed again are counted as ``changed``.
+    """
+    info = options.build.loader
+    name = info.loader_id.removeprefix("tensorstore_cache.")  # the built-in image loader
+    if schema is not None:
+        what = f"{name} ({', '.join(n for n, _f in schema)})"
+    else:
+        shape = "x".join(map(str, item_shape)) if item_shape is not None else None
+        what = " ".join(w for w in (name, shape, options.build.dtype) if w)
+    work = ", ".join(([f"{new:,} new"] if new or not changed else [])
+                     + ([f"{changed:,} changed"] if changed else []))
+    return f"building {what}, {work} of {total:,}"
 
 
 def _build_part(
-    ns: Namespace, todo: list[str], options: CacheOptions, item_shape: tuple[int, ...] | None
-) -> str | None:
-    """Build ``todo`` into a new part; return its id, or None if nothing was built.
+    ns: Namespace,
+    todo: list[str],
+    options: CacheOptions,
+    item_shape: tuple[int, ...] | None,
+    schema: Schema | None,
+    label: str,
+    tokens: _Tokens,
+) -> tuple[str | None, set[str]]:
+    """Build ``todo`` into a new part; return its id (None if nothing was built) and the
+    keys the build skipped (``on_error="skip"``).
 
-    ``item_shape`` (the namespace's, else the loader's) spares the builder a
-    probing call of the loader, so every item is computed exactly once.
+    ``item_shape`` or ``schema`` (the namespace's, else the loader's or the
+    declared one) spares the builder a probing call of the loader, so every
+    item is computed exactly once.
+    ``label`` is what its progress bar says.
+    Content hashes of the sources (every one with ``check="hash"``, racily
+    clean ones always), taken before each source was read, go to the part's
+    side file.
     """
     part = ns.new_part_id()
     target = ns.part_dir(part)
-    hashes = hash_many(todo) if options.check == "hash" else None  # before loading: errs on the safe side
     loader = dataclasses.replace(options.build.loader, item_shape=item_shape)
+    build_options = dataclasses.replace(
+        options.build, loader=loader, overwrite=False,
+        hash_sources=options.identity == "content",
+        identity="stat" if options.identity == "content" else options.identity,
+        tokens=tokens,
+        label=label, schema=schema,
+    )
     try:
-        build(todo, target, dataclasses.replace(options.build, loader=loader, overwrite=False))
+        hashes = build(todo, target, build_options)
     except BuildError as exc:
         if item_shape is not None and any("must have shape" in r for _p, r in exc.failures):
             exc.add_note(
@@ -220,16 +373,15 @@ def _build_part(
     store = open_directory(target, trust=ns.trust)
     try:
         n = len(store)
-        built = store.paths if hashes is not None else []
+        skipped = {key for key, _reason in store.spec.skipped}
     finally:
         store.close()
     if n == 0:  # everything was skipped; never referenced, so nobody maps it
         remove_tree(target)
-        return None
+        return None, skipped
     if hashes is not None:
-        by_key = dict(zip(todo, hashes.tolist(), strict=True))
-        write_hashes(target, np.array([by_key[k] for k in built], np.uint64), trust=ns.trust)
-    return part
+        write_hashes(target, hashes, trust=ns.trust)
+    return part, skipped
 
 
 def _publish_part(ns: Namespace, part: str, keys: list[str]) -> Manifest | None:
@@ -268,17 +420,16 @@ def _maybe_compact(ns: Namespace, manifest: Manifest) -> None:
     if view is None:
         return
     try:
-        segments = view.segments
-        dead = sum(seg.n for seg in segments) - len(view)
-        start = merge_start([seg.n for seg in segments], dead)
-        if start is None:
-            return
-        sub = CacheStore(segments[start:], view.spec, view.location)
-        part = ns.new_part_id()
-        logger.info("merging %d parts of %s into %s", len(segments) - start, ns.root.name, part)
-        write_merged(sub, ns.part_dir(part), trust=ns.trust)
+        rows = [seg.n for seg in view.segments]
+        start = merge_start(rows, sum(rows) - len(view))
     finally:
         view.close()
+    if start is None:
+        return
+    part = ns.new_part_id()
+    logger.info("merging %d parts of %s into %s", len(rows) - start, ns.root.name, part)
+    with ns.open_parts(manifest.parts[start:], pin=False) as merged:
+        write_merged(merged, ns.part_dir(part), trust=ns.trust)
     published = ns.publish(
         [*manifest.parts[:start], part],
         base=manifest.generation,

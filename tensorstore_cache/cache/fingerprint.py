@@ -12,7 +12,8 @@ import json
 import re
 from typing import Any
 
-from ..format.spec import FORMAT_VERSION
+from ..format import FORMAT_VERSION, RECORDS_VERSION, canonical_json, schema_to_json
+from ..writer import Schema
 
 __all__ = ["LAYOUT_VERSION", "NAMESPACE_KIND", "canonical_json", "fingerprint", "namespace_name"]
 
@@ -22,13 +23,20 @@ LAYOUT_VERSION = 1
 NAMESPACE_KIND = "tensorstore_cache.namespace"
 
 
-def canonical_json(value: Any) -> str:
-    """Return the canonical JSON text of ``value`` (sorted keys, no spaces)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def fingerprint(loader_id: str, loader_params: dict[str, Any], dtype: str) -> dict[str, Any]:
+def fingerprint(
+    loader_id: str,
+    loader_params: dict[str, Any],
+    dtype: str,
+    schema: Schema | None = None,
+    names: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     """Return everything that determines a vector, as canonical JSON values.
+
+    A cache of one tensor per key (no ``schema``, no ``names``) keeps the
+    fingerprint of every earlier release (a loader that returns records
+    there gets a schema inferred at the first build, recorded in its parts
+    and enforced afterwards). Declared fields add ``format_version: 2`` and
+    the schema (``names`` alone: ``"inferred"`` and the names).
 
     Raises
     ------
@@ -42,7 +50,7 @@ def fingerprint(loader_id: str, loader_params: dict[str, Any], dtype: str) -> di
             f"the loader's params {loader_params!r} must be JSON values (str, int, float, bool, "
             f"None, lists and dicts of them): {exc}; they name the cache the vectors go to"
         ) from None
-    return {
+    fp: dict[str, Any] = {
         "kind": NAMESPACE_KIND,
         "layout": LAYOUT_VERSION,
         "format_version": FORMAT_VERSION,
@@ -50,6 +58,11 @@ def fingerprint(loader_id: str, loader_params: dict[str, Any], dtype: str) -> di
         "loader_params": params,
         "dtype": dtype,
     }
+    if schema is not None:
+        fp.update(format_version=RECORDS_VERSION, fields=schema_to_json(schema))
+    elif names is not None:
+        fp.update(format_version=RECORDS_VERSION, fields="inferred", field_names=list(names))
+    return fp
 
 
 def namespace_name(fp: dict[str, Any]) -> str:

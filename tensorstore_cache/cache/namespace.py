@@ -17,12 +17,13 @@ the name exists, so of two writers racing for the same generation exactly
 one wins (this holds on NFS too) and the other re-reads and adopts or
 extends the winner's manifest. Published files are never rewritten; parts
 that no manifest references any more are deleted only by housekeeping
-(:mod:`tensorstore_cache.cache.gc`).
+(:mod:`tensorstore_cache.cache.housekeeping`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import socket
@@ -34,18 +35,32 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptStoreError, StoreNotFoundError, UntrustedCacheError
-from ..format.metadata import shard_count
-from ..format.spec import StoreSpec
-from ..fs.durable import fsync_dir, write_json_durable
-from ..fs.locks import BuildLock, ReaderHold
-from ..fs.safe import parse_json_fd
-from ..fs.trust import Trust, create_file, open_dir, open_file, open_root
-from ..reader.overlay import Overlay
-from ..reader.segment import Segment
-from ..reader.store import CacheStore
+from ..format import read_hashes, schema_from_json
+from ..fs import (
+    ExclusiveLock,
+    SharedHold,
+    Trust,
+    create_file,
+    fsync_dir,
+    open_dir,
+    open_file,
+    open_root,
+    parse_json_fd,
+    temp_path,
+    write_json_durable,
+)
+from ..reader import CacheStore, MadeBy, SegmentSource, assemble
 from .fingerprint import NAMESPACE_KIND, canonical_json
 
-__all__ = ["Manifest", "Namespace", "is_namespace", "open_namespace", "open_parts"]
+__all__ = [
+    "Manifest",
+    "Namespace",
+    "NamespaceDirectory",
+    "NamespaceParts",
+    "is_namespace",
+    "open_namespace",
+    "open_parts",
+]
 
 _INFO = "namespace.json"
 _MANIFEST_KIND = "tensorstore_cache.manifest"
@@ -53,6 +68,8 @@ _MANIFEST_NAME = re.compile(r"(\d{1,18})\.json")
 _PART_ID = re.compile(r"[0-9a-f]{8,16}-[0-9a-f]{8}")
 _MAX_MANIFEST = 16 << 20
 _MAX_PARTS = 100_000
+#: Attempts to create a namespace that housekeeping keeps removing meanwhile.
+_ENSURE_ATTEMPTS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +123,14 @@ class Namespace:
         self.last_used_path = root / "last_used"
         self._fds: dict[str, int] = {}
         self._closer = weakref.finalize(self, _close_all, self._fds)
+        self._info: dict[str, Any] | None = None  # namespace.json, parsed once per open
 
     # -- descriptors ----------------------------------------------------------
 
     def close(self) -> None:
-        """Close the directory descriptors (they are reopened when needed)."""
+        """Close the directory descriptors (they are reopened, and re-read, when needed)."""
         _close_all(self._fds)
+        self._info = None
 
     def _dir(self, create: bool = False) -> int:
         """The checked descriptor of the namespace directory."""
@@ -151,8 +170,19 @@ class Namespace:
         """Create the directories and ``namespace.json`` if missing; check it otherwise.
 
         The directories are (re)opened and checked here: a namespace that
-        housekeeping removed meanwhile is recreated, and used from then on.
+        housekeeping removed meanwhile is recreated, and used from then on
+        (also when it is removed again while being recreated).
         """
+        for attempt in range(_ENSURE_ATTEMPTS):
+            try:
+                self._ensure_once()
+                return
+            except FileNotFoundError:  # StoreNotFoundError too: removed while being made
+                if attempt == _ENSURE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.002 * (attempt + 1))
+
+    def _ensure_once(self) -> None:
         assert self.fp is not None
         self.close()
         self._sub("parts", create=True)
@@ -161,7 +191,7 @@ class Namespace:
         try:
             os.stat(_INFO, dir_fd=self._dir(), follow_symlinks=False)
         except FileNotFoundError:
-            tmp = self.root / f".{_INFO}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+            tmp = temp_path(info, "new")
             write_json_durable(tmp, self.fp, trust=self.trust)
             try:
                 os.link(tmp, info)
@@ -183,17 +213,26 @@ class Namespace:
             )
 
     def info(self) -> dict[str, Any]:
-        """Return ``namespace.json``."""
+        """Return ``namespace.json`` (read once while the directory stays open)."""
+        if self._info is not None:
+            return self._info
         path = self.root / _INFO
         try:
             ns_fd = self._dir()
         except (FileNotFoundError, NotADirectoryError):
             raise StoreNotFoundError(f"no cache namespace at {str(self.root)!r}") from None
         info = self._read(_INFO, ns_fd, path, 1 << 20)
-        if info.get("kind") != NAMESPACE_KIND or not isinstance(info.get("loader_id"), str):
+        if (
+            info.get("kind") != NAMESPACE_KIND
+            or not isinstance(info.get("loader_id"), str)
+            or not isinstance(info.get("loader_params"), dict)
+            or not isinstance(info.get("dtype"), str)
+            or type(info.get("format_version")) is not int
+        ):
             raise CorruptStoreError(
                 f"{path} is not a tensorstore_cache namespace description", str(path)
             )
+        self._info = info
         return info
 
     def touch(self) -> None:
@@ -212,10 +251,10 @@ class Namespace:
         finally:
             os.close(fd)
 
-    def lock(self) -> BuildLock:
+    def lock(self) -> ExclusiveLock:
         """Return the namespace's build lock (not yet taken)."""
-        return BuildLock(self.lock_path, prepare=self.ensure if self.fp is not None else None,
-                         trust=self.trust)
+        return ExclusiveLock(self.lock_path, prepare=self.ensure if self.fp is not None else None,
+                             trust=self.trust)
 
     # -- manifests ------------------------------------------------------------
 
@@ -286,7 +325,7 @@ class Namespace:
             "writer": f"{socket.gethostname()}:{os.getpid()}",
         }
         target = self.manifest_path(generation)
-        tmp = self.manifests_dir / f".{generation}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        tmp = temp_path(target, "new")
         write_json_durable(tmp, value, trust=self.trust)
         try:
             try:
@@ -311,44 +350,58 @@ class Namespace:
         """Return the directory of part ``part``."""
         return self.parts_dir / part
 
-    def open_parts(self, parts: tuple[str, ...] | list[str], *, pin: bool = True) -> CacheStore:
-        """Open exactly ``parts`` of this namespace as one store (see :func:`open_parts`)."""
-        root = self.root
+    def identity(self, item_shape: tuple[int, ...] | None = None) -> MadeBy:
+        """What made every vector of this namespace (from ``namespace.json``)."""
         info = self.info()
-        holds: list[ReaderHold] = []
-        segments: list[Segment] = []
-        try:
-            parts_fd = self._sub("parts") if parts else -1
-            for part in parts:
-                if not _PART_ID.fullmatch(part):
-                    raise CorruptStoreError(f"{part!r} is not a part id", str(root))
-                pdir = self.part_dir(part)
-                if pin:
-                    holds.append(ReaderHold(pdir / "zarr.json"))
-                try:
-                    seg = Segment(pdir, trust=self.trust, parent_fd=parts_fd)
-                except StoreNotFoundError:
-                    raise StoreNotFoundError(
-                        f"part {part} of the cache {str(root)!r} no longer exists (housekeeping "
-                        "removes parts no longer current, or the whole namespace was collected); "
-                        "call tensorstore_cache.cached() again to get the current store"
-                    ) from None
-                _check_segment(seg, info, root)
-                if pin:
-                    for k in range(shard_count(seg.spec)):
-                        seg.shard(k)
-                segments.append(seg)
-            spec = _view_spec(segments, info)
-        except BaseException:
-            for seg in segments:
-                seg.close()
-            for hold in holds:
-                hold.close()
-            raise
-        return CacheStore(
-            segments, spec, str(root), reopen=(_reopen_parts, (str(root), tuple(parts), self.trust)),
-            resources=holds,
+        declared = info.get("fields")
+        schema = None
+        if isinstance(declared, list):
+            try:
+                schema = schema_from_json(declared)
+            except ValueError as exc:
+                path = self.root / _INFO
+                raise CorruptStoreError(f"{path}: {exc}", str(path)) from None
+        return MadeBy(
+            loader_id=info["loader_id"], loader_params=info["loader_params"], dtype=info["dtype"],
+            format_version=info["format_version"], item_shape=item_shape, schema=schema,
         )
+
+    def open_parts(
+        self,
+        parts: tuple[str, ...] | list[str],
+        *,
+        pin: bool = True,
+        item_shape: tuple[int, ...] | None = None,
+    ) -> CacheStore:
+        """Open exactly ``parts`` of this namespace as one store (see :func:`open_parts`).
+
+        ``item_shape`` is the item shape of a store of no parts (default: unknown).
+        """
+        root = self.root
+        where = NamespaceParts(str(root), tuple(parts), self.trust)
+        identity = self.identity(item_shape)
+        for part in parts:
+            if not _PART_ID.fullmatch(part):
+                raise CorruptStoreError(f"{part!r} is not a part id", str(root))
+        parts_fd = self._sub("parts") if parts else -1
+        sources = [
+            SegmentSource(
+                root=self.part_dir(part), trust=self.trust, parent_fd=parts_fd, pin=pin,
+                hashes=functools.partial(read_hashes, self.part_dir(part), trust=self.trust,
+                                         dir_fd=parts_fd),
+                # housekeeping keeps a part while a process holds it
+                resources=[SharedHold(self.part_dir(part) / "zarr.json")] if pin else (),
+            )
+            for part in parts
+        ]
+        try:
+            return assemble(where, sources, identity=identity)  # closes the holds if it fails
+        except StoreNotFoundError as exc:
+            raise StoreNotFoundError(
+                f"a part of the cache {str(root)!r} no longer exists ({exc}; housekeeping removes "
+                "parts no longer current, or the whole namespace was collected); call "
+                "tensorstore_cache.cached() again to get the current store"
+            ) from None
 
 
 def _close_all(fds: dict[str, int]) -> None:
@@ -358,21 +411,44 @@ def _close_all(fds: dict[str, int]) -> None:
             os.close(fd)
 
 
-def _check_segment(seg: Segment, info: dict[str, Any], root: Path) -> None:
-    spec = seg.spec
-    same = (
-        spec.loader_id == info["loader_id"]
-        and spec.dtype == info["dtype"]
-        and spec.format_version == info["format_version"]
-        and canonical_json(spec.loader_params) == canonical_json(info["loader_params"])
-    )
-    if not same:
-        raise CorruptStoreError(
-            f"part {str(seg.root)!r} was made by {spec.loader_id!r} {spec.loader_params} "
-            f"{spec.dtype}, not by what namespace {str(root)!r} holds; the cache directory "
-            "is damaged - remove the namespace",
-            str(seg.root),
-        )
+@dataclass(frozen=True, slots=True)
+class NamespaceParts:
+    """The location of a store of given parts of a cache namespace (pinned when opened)."""
+
+    root: str
+    """The namespace directory."""
+    parts: tuple[str, ...]
+    """Part ids, oldest first."""
+    trust: Trust
+    """Whose files may be read."""
+
+    @property
+    def shown(self) -> str:
+        """The namespace directory."""
+        return self.root
+
+    def open(self) -> CacheStore:
+        """Open exactly these parts, pinned: the same rows, under the same rules."""
+        return open_parts(self.root, self.parts, trust=self.trust)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceDirectory:
+    """A cache namespace named by its path: opening it opens its current generation."""
+
+    root: str
+    """The namespace directory."""
+    trust: Trust
+    """Whose files may be read."""
+
+    @property
+    def shown(self) -> str:
+        """The namespace directory."""
+        return self.root
+
+    def open(self) -> CacheStore:
+        """Open the current generation (see :func:`open_namespace`)."""
+        return open_namespace(Path(self.root), trust=self.trust)
 
 
 def open_parts(
@@ -411,63 +487,21 @@ def open_parts(
         ns.close()
 
 
-def _reopen_parts(location: str, parts: tuple[str, ...], trust: Trust) -> CacheStore:
-    """Unpickle a store of a namespace: the same parts, under the same rules."""
-    return open_parts(location, parts, trust=trust)
-
-
-def _view_spec(segments: list[Segment], info: dict[str, Any]) -> StoreSpec:
-    if not segments:
-        return StoreSpec(
-            n=0,
-            item_shape=(0,),
-            dtype=info["dtype"],
-            loader_id=info["loader_id"],
-            loader_params=info["loader_params"],
-        )
-    shapes = {seg.spec.item_shape for seg in segments}
-    if len(shapes) > 1:
-        raise CorruptStoreError(
-            f"the parts of {str(segments[0].root.parent.parent)!r} hold items of different "
-            f"shapes {sorted(shapes)}; the loader changed its output without a new loader_id - "
-            "give it a new loader_id (or remove the namespace)",
-            str(segments[-1].root),
-        )
-    biggest = max(segments, key=lambda s: s.n)
-    return StoreSpec(
-        n=sum(s.n for s in segments) if len(segments) > 1 else segments[0].n,
-        item_shape=biggest.spec.item_shape,
-        dtype=biggest.spec.dtype,
-        loader_id=biggest.spec.loader_id,
-        loader_params=biggest.spec.loader_params,
-        format_version=biggest.spec.format_version,
-        rows_per_shard=biggest.spec.rows_per_shard,
-        skipped=_still_skipped(segments),
-        created_unix=max(seg.spec.created_unix for seg in segments),
-    )
-
-
-def _still_skipped(segments: list[Segment]) -> tuple[tuple[str, str], ...]:
-    """Sources a part skipped that no part holds (a later build may have succeeded)."""
-    overlay = Overlay(segments)
-    out: dict[str, str] = {}
-    for seg in segments:
-        for key, reason in seg.spec.skipped:
-            if overlay.find(key)[0] < 0:
-                out[key] = reason
-    return tuple(out.items())
-
-
 def open_namespace(root: Path, *, pin: bool = True, trust: Trust | None = None) -> CacheStore:
     """Open the current generation of the namespace at ``root``.
 
     ``trust`` defaults to a namespace the user names by its path (warned
-    about if others can write it, never refused).
+    about if others can write it, never refused). Opening takes no lock: if
+    housekeeping removes or replaces what is being opened, the namespace is
+    looked up again (a newer generation is opened; a namespace removed
+    meanwhile holds nothing).
 
     Raises
     ------
     StoreNotFoundError
-        If nothing was published in it yet.
+        If nothing was published in it (or it was removed by housekeeping).
+    CorruptStoreError
+        If a part of the current generation is damaged.
     """
     ns = Namespace(root, trust=trust if trust is not None else Trust.explicit(root))
     try:
@@ -480,10 +514,15 @@ def open_namespace(root: Path, *, pin: bool = True, trust: Trust | None = None) 
                 )
             try:
                 store = ns.open_parts(manifest.parts, pin=pin)
-            except StoreNotFoundError:
-                if ns.current() == manifest:
-                    raise
-                continue  # a newer generation replaced it meanwhile: open that one
+            except (StoreNotFoundError, CorruptStoreError, FileNotFoundError):
+                ns.close()  # look the namespace up again, by its path
+                try:
+                    now = ns.current()
+                except (StoreNotFoundError, FileNotFoundError):
+                    now = None
+                if now is not None and now.parts == manifest.parts and now.path == manifest.path:
+                    raise  # nothing changed: the error is about these very files
+                continue  # removed or replaced meanwhile: open what is there now
             ns.touch()
             return store
     finally:

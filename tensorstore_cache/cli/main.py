@@ -24,9 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
+
 from .. import config
 from .._api import build_store, open_store, verify_store
-from ..cache.gc import gc, list_caches
+from ..cache import gc, list_caches
 from ..errors import (
     BuildError,
     KeyNotInStoreError,
@@ -34,7 +36,7 @@ from ..errors import (
     StoreNotFoundError,
     TensorStoreCacheError,
 )
-from ..fs.temp import age_text, disk_usage
+from ..fs import age_text, disk_usage
 
 __all__ = ["main"]
 
@@ -179,7 +181,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     with store:
         spec = store.spec
-        shape = "x".join(str(d) for d in spec.item_shape)
+        shape = "x".join(str(d) for d in spec.item_shape or ())
         print(
             f"built {store.location}: {len(store):,} vectors {shape} {spec.dtype} "
             f"({_human(disk_usage(Path(store.location)))}) in {dt:.1f} s "
@@ -195,7 +197,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def store_info(location: str) -> dict[str, Any]:
-    """What ``info`` shows, as JSON values."""
+    """What ``info`` shows, as JSON values.
+
+    A store of records lists its fields (``fields``) with their dtype and
+    shape; a ragged or text field also with the ``min``, ``median`` and
+    ``max`` of its rows' lengths (``lengths``: the first varying dimension;
+    bytes for text), read from its offsets alone.
+    """
     with open_store(location) as store:
         spec = store.spec
         info = spec.to_json()
@@ -206,7 +214,29 @@ def store_info(location: str) -> dict[str, Any]:
             disk_bytes=disk_usage(Path(store.location)),
             created=datetime.fromtimestamp(spec.created_unix, UTC).isoformat(timespec="seconds"),
         )
+        for field in info.get("fields", []):
+            if field["kind"] != "fixed":
+                lengths = store.lengths(field["name"])
+                field["lengths"] = {
+                    "min": int(lengths.min()) if len(lengths) else 0,
+                    "median": float(np.median(lengths)) if len(lengths) else 0.0,
+                    "max": int(lengths.max()) if len(lengths) else 0,
+                }
     return info
+
+
+def _field_line(field: dict[str, Any]) -> str:
+    """One field of a store of records, as ``info`` prints it."""
+    if field["kind"] == "fixed":
+        shape = " x ".join(str(d) for d in field["shape"]) or "scalar"
+        return f"fixed   {shape} {field['dtype']}"
+    stats = field["lengths"]
+    median = f"{stats['median']:g}"
+    if field["kind"] == "text":
+        return f"text    UTF-8, {stats['min']} / {median} / {stats['max']} bytes (min / median / max)"
+    shape = " x ".join("*" if d is None else str(d) for d in field["shape"])
+    return (f"ragged  {shape} {field['dtype']}, length {stats['min']} / {median} / "
+            f"{stats['max']} (min / median / max)")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -215,12 +245,18 @@ def cmd_info(args: argparse.Namespace) -> int:
         json.dump(info, sys.stdout, indent=2)
         print()
         return 0
-    shape = " x ".join(str(d) for d in info["item_shape"])
     params = ", ".join(f"{k}={v}" for k, v in info["loader_params"].items())
-    rows = [
-        ("store", info["location"]),
-        ("entries", f"{info['entries']:,}"),
-        ("vector", f"{shape} {info['dtype']} ({_human(info['item_nbytes'])} each)"),
+    rows = [("store", info["location"]), ("entries", f"{info['entries']:,}")]
+    if "fields" in info:
+        fields = info["fields"]
+        rows.append(("record", f"{len(fields)} field(s): {_human(info['item_nbytes'])} fixed a "
+                               "record, plus ragged values"))
+        width = max(len(f["name"]) for f in fields)
+        rows.extend((f"  {f['name']:<{width}}", _field_line(f)) for f in fields)
+    else:
+        shape = " x ".join(str(d) for d in info["item_shape"])
+        rows.append(("vector", f"{shape} {info['dtype']} ({_human(info['item_nbytes'])} each)"))
+    rows += [
         ("loader", f"{info['loader_id']}" + (f" ({params})" if params else "")),
         ("on disk", _human(info["disk_bytes"])),
         ("built", info["created"].replace("T", " ")),
@@ -230,8 +266,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if info["skipped"]:
         first = info["skipped"][0]
         rows.append(("skipped", f"{len(info['skipped'])} source(s), e.g. {first[0]}: {first[1]}"))
+    width = max(9, *(len(key) for key, _v in rows))
     for key, value in rows:
-        print(f"{key:<9} {value}")
+        print(f"{key:<{width}} {value}")
     return 0
 
 
@@ -261,12 +298,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print()
         return 0
     if not caches:
-        print(f"no caches in {args.cache_dir or config.default_cache_dir()}")
+        print(f"no caches in {config.cache_root(args.cache_dir)}")
         return 0
     now = datetime.now(UTC)
     table = [("NAMESPACE", "OWNER", "MODE", "LOADER", "VECTOR", "ENTRIES", "SIZE", "LAST USED", "")]
     for c in caches:
         shape = "x".join(str(d) for d in c.item_shape) if c.item_shape else "-"
+        vector = f"record({', '.join(c.fields)})" if c.fields else f"{shape} {c.dtype}"
         note = f"REFUSED: {c.refused}" if c.refused else ""
         if c.building:
             note = f"{note}; building: {c.building}" if note else f"building: {c.building}"
@@ -275,7 +313,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             f"{c.owner}:{c.group}",
             c.mode,
             _printable(c.loader_id),
-            f"{shape} {c.dtype}",
+            _printable(vector),
             f"{c.entries:,}",
             _human(c.bytes),
             f"{age_text((now - c.last_used).total_seconds())} ago",
@@ -393,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("info", help="describe a store", **sub_kw, description="Describe a store: entries, "
-                       "vector shape and type, loader and its parameters, size on disk.")
+                       "vector shape and type (a store of records: every field with its dtype, "
+                       "and its shape or the min / median / max length of its rows), loader "
+                       "and its parameters, size on disk.")
     p.add_argument("store", metavar="STORE")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)

@@ -2,7 +2,10 @@
 
 :func:`contact_sheet` draws chosen (or random) entries as a grid of images,
 each upscaled with nearest-neighbour so that a ``32 x 32`` vector is visible,
-under it the file name (on up to two lines) and its directory. Used by ``tensorstore-cache preview``.
+under it the file name (on up to two lines) and its directory. Of a store of
+records it draws the image field (:func:`image_field`: the first fixed field
+shaped like an image) and writes every other field, as text, in the caption.
+Used by ``tensorstore-cache preview``.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, ImageDraw, ImageFont
 
-from ..reader.store import CacheStore
+from ..format import StoreSpec
+from ..reader import CacheStore
 
-__all__ = ["contact_sheet", "pick_rows", "to_pixels"]
+__all__ = ["contact_sheet", "image_field", "pick_rows", "to_pixels", "value_text"]
 
 _TILE = 96  # target tile size in pixels (a 32 x 32 vector is shown 3x)
 _PAD = 6
@@ -81,6 +85,79 @@ def to_pixels(batch: npt.NDArray[Any]) -> tuple[npt.NDArray[np.uint8], str]:
     return np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)), note
 
 
+def image_field(spec: StoreSpec) -> tuple[str, str] | None:
+    """The field of a store of records that ``preview`` draws, and its axis order.
+
+    The first fixed field shaped like an image: ``(3, H, W)`` or ``(1, H, W)``
+    (``"chw"``), ``(H, W, 3)`` or ``(H, W, 1)`` (``"hwc"``), or ``(H, W)`` with
+    both sizes at least 2 (``"hw"``). None if no field is.
+    """
+    for layout in spec.fields:
+        if layout.kind != "fixed":
+            continue
+        shape = tuple(int(d or 0) for d in layout.field.shape)
+        if len(shape) == 3 and shape[0] in (1, 3):
+            return layout.name, "chw"
+        if len(shape) == 3 and shape[2] in (1, 3):
+            return layout.name, "hwc"
+        if len(shape) == 2 and min(shape) >= 2:
+            return layout.name, "hw"
+    return None
+
+
+def value_text(value: Any) -> str:
+    """One value of a field, short, as a caption shows it.
+
+    Examples
+    --------
+    >>> value_text(np.float32(0.25)), value_text("book 3")
+    ('0.25', 'book 3')
+    >>> value_text(np.arange(6, dtype=np.int32))
+    '(6) [0 1 2 3 …]'
+    """
+    if isinstance(value, str):
+        return value
+    a = np.asarray(value)
+    if a.ndim == 0:
+        item = a.item()
+        return f"{item:.4g}" if a.dtype.kind == "f" else str(item)
+    shown = a.reshape(-1)[:4].tolist()
+    items = " ".join(f"{x:.4g}" if a.dtype.kind == "f" else str(x) for x in shown)
+    more = " …" if a.size > 4 else ""
+    return f"({'x'.join(str(d) for d in a.shape)}) [{items}{more}]"
+
+
+def _records(
+    store: CacheStore, idx: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[Any], str, list[list[str]]]:
+    """A store of records' images of ``idx`` (``(B, C, H, W)`` or ``(B, H, W)``), what the
+    header says of them, and every tile's other fields as caption lines."""
+    spec = store.spec
+    found = image_field(spec)
+    if found is None:
+        shown = ", ".join(
+            f"{f.name} {tuple(f.field.shape)} {f.dtype}" for f in spec.fields
+        )
+        raise ValueError(
+            "preview draws a fixed field of images, shaped (3, H, W), (H, W, 3) or (H, W); "
+            f"this store's fields are {shown}"
+        )
+    name, order = found
+    images = store.field(name).take(idx)
+    if order == "hwc":
+        images = images.transpose(0, 3, 1, 2)
+    layout = next(f for f in spec.fields if f.name == name)
+    what = f"records, {name} {' x '.join(str(d) for d in layout.field.shape)} {layout.dtype}"
+    lines: list[list[str]] = [[] for _ in range(len(idx))]
+    for f in spec.fields:
+        if f.name == name:
+            continue
+        values = store.field(f.name).take(idx)
+        for i in range(len(idx)):
+            lines[i].append(f"{f.name}: {value_text(values[i])}")
+    return images, what, lines
+
+
 def _font(size: int) -> Font:
     try:
         return ImageFont.load_default(size=size)
@@ -89,11 +166,14 @@ def _font(size: int) -> Font:
 
 
 def _fit(draw: ImageDraw.ImageDraw, text: str, font: Font, width: int, *, keep: str = "middle") -> str:
-    """``text``, shortened with '…' (in the middle, or at the start) to fit ``width`` pixels."""
+    """``text``, shortened with '…' (in the middle, at the start, or at the end: ``keep`` is
+    ``"middle"``, ``"end"`` or ``"start"``, what is kept) to fit ``width`` pixels."""
     if draw.textlength(text, font=font) <= width:
         return text
     for n in range(len(text) - 1, 0, -1):
-        if keep == "end":
+        if keep == "start":
+            short = text[:n] + "…"
+        elif keep == "end":
             short = "…" + text[len(text) - n:]
         else:
             head = (n + 1) // 2
@@ -119,7 +199,6 @@ def contact_sheet(
     *,
     scale: int | None = None,
     columns: int | None = None,
-    title: str | None = None,
 ) -> Image.Image:
     """Draw the vectors of ``rows`` as a grid of captioned images.
 
@@ -134,8 +213,6 @@ def contact_sheet(
         about 96 pixels.
     columns
         Tiles per row; default: a square-ish grid.
-    title
-        Header line; default: the store's name, size and vector shape.
 
     Returns
     -------
@@ -145,22 +222,27 @@ def contact_sheet(
     idx = np.asarray(rows, dtype=np.int64)
     if idx.size == 0:
         raise ValueError("nothing to draw: no rows chosen")
-    pixels, note = to_pixels(store.take(idx))
+    spec = store.spec
+    extra: list[list[str]] = [[] for _ in range(len(idx))]
+    if spec.records:
+        images, what, extra = _records(store, idx)
+    else:
+        images = store.take(idx)
+        what = f"entries, {' x '.join(str(d) for d in spec.item_shape or ())} {spec.dtype}"
+    pixels, note = to_pixels(images)
     b, h, w, _ = pixels.shape
     k = scale or max(1, math.ceil(_TILE / max(h, w)))
     tile_w, tile_h = w * k, h * k
-    cell_w = max(tile_w, 72)
+    cell_w = max(tile_w, 120 if spec.records else 72)
     cols = columns or max(1, math.ceil(math.sqrt(b)))
     lines = math.ceil(b / cols)
     small, big = _font(11), _font(14)
-    cap_h = 3 * 13 + 4
+    cap_h = (3 + len(extra[0])) * 13 + 4
     head_h = 30 + (16 if note else 0)
     sheet = Image.new("RGB", (_PAD + cols * (cell_w + _PAD), head_h + lines * (tile_h + cap_h + _PAD) + _PAD), _BG)
     draw = ImageDraw.Draw(sheet)
-    spec = store.spec
     name = posixpath.basename(store.location.rstrip("/")) or store.location
-    shape = " x ".join(str(d) for d in spec.item_shape)
-    header = title or f"{name}: {b} of {len(store):,} entries, {shape} {spec.dtype}"
+    header = f"{name}: {b} of {len(store):,} {what}"
     draw.text((_PAD, 8), _fit(draw, header, big, sheet.width - 2 * _PAD), fill=_INK, font=big)
     if note:
         draw.text((_PAD, 26), note, fill=_FAINT, font=small)
@@ -181,4 +263,7 @@ def contact_sheet(
             draw.text((cx, y + tile_h + 16), second, fill=_INK, font=small)
         below = y + tile_h + (29 if second else 16)
         draw.text((cx, below), _fit(draw, folder or ".", small, cell_w), fill=_FAINT, font=small)
+        for j, line in enumerate(extra[i]):  # the other fields of a record
+            draw.text((cx, below + 13 * (j + 1)), _fit(draw, line, small, cell_w, keep="start"),
+                      fill=_INK, font=small)
     return sheet

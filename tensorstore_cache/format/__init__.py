@@ -1,1 +1,125 @@
-"""The on-disk format: what every byte of a store means, read and written through :mod:`~tensorstore_cache.fs`."""
+"""The on-disk format: what every byte of a store means, read and written through :mod:`~tensorstore_cache.fs`.
+
+The layers above import only the names listed here (``from ..format import X``),
+never a module of this package; each is imported when first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._interface import interface
+
+if TYPE_CHECKING:
+    from .fields import (
+        FIELDS,
+        Field,
+        FieldLayout,
+        Fixed,
+        Ragged,
+        Text,
+        check_name,
+        chunk_rows,
+        schema_from_json,
+        schema_to_json,
+    )
+    from .hashes import HASH_SUFFIX, read_hashes, write_hashes
+    from .keys import (
+        encode_key,
+        encode_keys,
+        hash_encoded,
+        hash_key,
+        normalize_key,
+        normalize_keys,
+        path_sequence,
+    )
+    from .metadata import (
+        GROUP,
+        GROUP_DOCUMENT,
+        INDEX_ARRAYS,
+        VECTORS,
+        GroupMetadata,
+        array_documents,
+        data_files,
+        expected_files,
+        fetched_dirs,
+        fetched_files,
+        file_count,
+        first_file_ids,
+        fixed_metadata,
+        index_array_length,
+        index_array_metadata,
+        shard_count,
+        shard_key,
+        vectors_metadata,
+    )
+    from .shard import MappedShard, map_shard_fd, open_shard, write_shard
+    from .spec import FORMAT_VERSION, RECORDS_VERSION, StoreSpec, canonical_json
+    from .verify import Problem, VerifyReport, verify_segment, verify_segments
+
+#: Every name of the interface, by the module defining it.
+_MODULES = {
+    "fields": ("FIELDS", "Field", "FieldLayout", "Fixed", "Ragged", "Text", "check_name", "chunk_rows", "schema_from_json", "schema_to_json",),
+    "hashes": ("HASH_SUFFIX", "read_hashes", "write_hashes",),
+    "keys": ("encode_key", "encode_keys", "hash_encoded", "hash_key", "normalize_key", "normalize_keys", "path_sequence",),
+    "metadata": ("GROUP", "GROUP_DOCUMENT", "INDEX_ARRAYS", "VECTORS", "GroupMetadata", "array_documents", "data_files", "expected_files", "fetched_dirs", "fetched_files", "file_count", "first_file_ids", "fixed_metadata", "index_array_length", "index_array_metadata", "shard_count", "shard_key", "vectors_metadata",),
+    "shard": ("MappedShard", "map_shard_fd", "open_shard", "write_shard",),
+    "spec": ("FORMAT_VERSION", "RECORDS_VERSION", "StoreSpec", "canonical_json",),
+    "verify": ("Problem", "VerifyReport", "verify_segment", "verify_segments",),
+}
+
+__all__ = [
+    "FIELDS",
+    "FORMAT_VERSION",
+    "Field",
+    "FieldLayout",
+    "Fixed",
+    "GROUP",
+    "GROUP_DOCUMENT",
+    "GroupMetadata",
+    "HASH_SUFFIX",
+    "INDEX_ARRAYS",
+    "MappedShard",
+    "Problem",
+    "RECORDS_VERSION",
+    "Ragged",
+    "StoreSpec",
+    "Text",
+    "VECTORS",
+    "VerifyReport",
+    "array_documents",
+    "canonical_json",
+    "check_name",
+    "chunk_rows",
+    "data_files",
+    "encode_key",
+    "encode_keys",
+    "expected_files",
+    "fetched_dirs",
+    "fetched_files",
+    "file_count",
+    "first_file_ids",
+    "fixed_metadata",
+    "hash_encoded",
+    "hash_key",
+    "index_array_length",
+    "index_array_metadata",
+    "map_shard_fd",
+    "normalize_key",
+    "normalize_keys",
+    "open_shard",
+    "path_sequence",
+    "read_hashes",
+    "schema_from_json",
+    "schema_to_json",
+    "shard_count",
+    "shard_key",
+    "vectors_metadata",
+    "verify_segment",
+    "verify_segments",
+    "write_hashes",
+    "write_shard",
+]
+
+if not TYPE_CHECKING:  # a name is imported from its module when first used
+    __getattr__, __dir__ = interface(__name__, _MODULES)

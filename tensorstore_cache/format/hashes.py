@@ -15,8 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CorruptStoreError, UntrustedCacheError
-from ..fs.durable import fsync_dir, write_bytes_durable
-from ..fs.trust import EXPLICIT, Trust, open_file
+from ..fs import EXPLICIT, Trust, fsync_dir, open_file, write_bytes_durable
 
 __all__ = ["HASH_SUFFIX", "hashes_path", "read_hashes", "write_hashes"]
 

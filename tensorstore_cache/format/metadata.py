@@ -5,7 +5,8 @@ documents the writer emits and checks, before anything is mapped, that a
 store's metadata is one of those documents (an allowlist: any other dtype,
 codec, chunking or attribute is rejected). :class:`GroupMetadata` is the one
 description of a store's group document: parsed by readers, written by
-builds and merges.
+builds and merges. Format 1 holds one ``vectors`` array; format 2 the arrays
+of named fields (:mod:`tensorstore_cache.format.fields`) under ``fields/``.
 """
 
 from __future__ import annotations
@@ -22,19 +23,26 @@ import numpy as np
 
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..fs.durable import fsync_dir, write_json_durable
-from ..fs.safe import read_json
-from ..fs.trust import Trust
-from .spec import FORMAT_VERSION, StoreSpec
+from ..fs import Trust, fsync_dir, read_json, write_json_durable
+from .fields import FIELDS, MAX_FIELDS, FieldLayout, Fixed, Ragged, schema_from_json
+from .spec import FORMAT_VERSION, RECORDS_VERSION, StoreSpec
 
 __all__ = [
     "ATTR_KEY",
     "DTYPES",
     "GROUP",
+    "GROUP_DOCUMENT",
     "INDEX_ARRAYS",
     "VECTORS",
     "GroupMetadata",
+    "array_documents",
+    "data_files",
     "expected_files",
+    "fetched_dirs",
+    "fetched_files",
+    "file_count",
+    "first_file_ids",
+    "fixed_metadata",
     "index_array_length",
     "index_array_metadata",
     "shard_count",
@@ -93,9 +101,9 @@ def _array(shape: list[int], chunk: list[int], dtype: str, codecs: list[Any]) ->
     }
 
 
-def vectors_metadata(spec: StoreSpec) -> dict[str, Any]:
-    """Return the ``zarr.json`` of the ``vectors`` array of ``spec``."""
-    item = list(spec.item_shape)
+def fixed_metadata(layout: FieldLayout) -> dict[str, Any]:
+    """Return the ``zarr.json`` of a fixed field's sharded array (``vectors`` in format 1)."""
+    item = list(layout.field.shape)
     sharding = {
         "name": "sharding_indexed",
         "configuration": {
@@ -105,7 +113,12 @@ def vectors_metadata(spec: StoreSpec) -> dict[str, Any]:
             "index_location": "end",
         },
     }
-    return _array([spec.n, *item], [spec.rows_per_shard, *item], spec.dtype, [sharding])
+    return _array([layout.n, *item], [layout.rows_per_shard, *item], layout.dtype, [sharding])  # type: ignore[list-item]
+
+
+def vectors_metadata(spec: StoreSpec) -> dict[str, Any]:
+    """Return the ``zarr.json`` of the ``vectors`` array of ``spec`` (format 1)."""
+    return fixed_metadata(spec.layouts()[0])
 
 
 def index_array_length(name: str, spec: StoreSpec, key_bytes_len: int) -> int:
@@ -122,24 +135,141 @@ def index_array_metadata(name: str, length: int) -> dict[str, Any]:
     return _array([length], [max(length, 1)], INDEX_ARRAYS[name], [_bytes_codec()])
 
 
+#: The ``zarr.json`` of a group inside a store (``fields/``, a ragged field's).
+GROUP_DOCUMENT: dict[str, Any] = {"attributes": {}, "zarr_format": 3, "node_type": "group"}
+
+
+def array_documents(spec: StoreSpec, key_bytes_len: int) -> dict[str, dict[str, Any]]:
+    """Return the ``zarr.json`` of every array and inner group of a store, by directory."""
+    docs: dict[str, dict[str, Any]] = {}
+    if spec.records:
+        docs[FIELDS] = GROUP_DOCUMENT
+    for layout in spec.layouts():
+        if isinstance(layout.field, Fixed):
+            docs[layout.path] = fixed_metadata(layout)
+            continue
+        n = layout.n
+        docs[layout.path] = GROUP_DOCUMENT
+        docs[f"{layout.path}/values"] = _array(
+            list(layout.values_shape), [layout.chunk, *layout.field.inner], layout.dtype,
+            [_bytes_codec()],
+        )
+        docs[f"{layout.path}/offsets"] = _array([n + 1], [n + 1], "uint64", [_bytes_codec()])
+        if isinstance(layout.field, Ragged) and layout.field.flat:
+            k = len(layout.field.varying)
+            docs[f"{layout.path}/shapes"] = _array([n, k], [max(n, 1), k], "int32",
+                                                   [_bytes_codec()])
+    for name in INDEX_ARRAYS:
+        docs[name] = index_array_metadata(name, index_array_length(name, spec, key_bytes_len))
+    return docs
+
+
 def shard_count(spec: StoreSpec) -> int:
-    """Return the number of shard files of ``spec``'s vectors."""
+    """Return the number of shard files of ``spec``'s vectors (format 1)."""
     return math.ceil(spec.n / spec.rows_per_shard)
 
 
 def shard_key(spec: StoreSpec, k: int) -> str:
-    """Return the store-relative path of shard ``k``."""
+    """Return the store-relative path of shard ``k`` of the vectors (format 1)."""
+    assert spec.item_shape is not None
     return posixpath.join(VECTORS, "c", str(k), *(["0"] * len(spec.item_shape)))
+
+
+def fetched_files(spec: StoreSpec) -> list[str]:
+    """Every file a reader may fetch on demand, in the order of their ids (their position here).
+
+    The shards of every fixed field (``vectors`` in format 1) and the
+    ``values`` chunks of every ragged or text field, field by field in
+    schema order, each field's files in order: in format 1, shard ``k`` of
+    the vectors has id ``k``. The rest (metadata, index, offsets, shapes)
+    is small and comes with the index. Ids are derived from the spec
+    alone, so every process of a node agrees on them (they number the
+    node cache's holds, see :mod:`tensorstore_cache.fs.ranges`).
+
+    Examples
+    --------
+    >>> spec = StoreSpec(n=5, item_shape=(4,), dtype="float32", loader_id="x",
+    ...                  loader_params={}, rows_per_shard=2)
+    >>> fetched_files(spec)
+    ['vectors/c/0/0', 'vectors/c/1/0', 'vectors/c/2/0']
+    """
+    return [layout.chunk_key(k) for layout in spec.layouts() for k in range(layout.shard_count())]
+
+
+def first_file_ids(spec: StoreSpec) -> dict[str, int]:
+    """The id (see :func:`fetched_files`) of the first file of every field, by field name.
+
+    Examples
+    --------
+    >>> spec = StoreSpec(n=5, item_shape=(4,), dtype="float32", loader_id="x",
+    ...                  loader_params={}, rows_per_shard=2)
+    >>> first_file_ids(spec)
+    {'vectors': 0}
+    """
+    out: dict[str, int] = {}
+    first = 0
+    for layout in spec.layouts():
+        out[layout.name] = first
+        first += layout.shard_count()
+    return out
+
+
+def fetched_dirs(spec: StoreSpec) -> dict[str, int]:
+    """The directory of every field's fetched files (``<array>/c``), with the id of its file 0.
+
+    File ``k`` of a field lies in ``<directory>/<k>/0...`` and has id
+    ``first + k`` (see :func:`fetched_files`).
+
+    Examples
+    --------
+    >>> spec = StoreSpec(n=5, item_shape=(4,), dtype="float32", loader_id="x",
+    ...                  loader_params={}, rows_per_shard=2)
+    >>> fetched_dirs(spec)
+    {'vectors/c': 0}
+    """
+    firsts = first_file_ids(spec)
+    out: dict[str, int] = {}
+    for layout in spec.layouts():
+        array = layout.path if isinstance(layout.field, Fixed) else f"{layout.path}/values"
+        out[f"{array}/c"] = firsts[layout.name]
+    return out
+
+
+def data_files(spec: StoreSpec, key_bytes_len: int) -> list[str]:
+    """Return every data file (shards, chunks, offsets, shapes, index arrays) of ``spec``."""
+    files: list[str] = []
+    for layout in spec.layouts():
+        files.extend(layout.chunk_key(k) for k in range(layout.shard_count()))
+        if not isinstance(layout.field, Fixed):
+            files.append(f"{layout.path}/offsets/c/0")
+            if isinstance(layout.field, Ragged) and layout.field.flat and layout.n:
+                files.append(f"{layout.path}/shapes/c/0/0")
+    for name in INDEX_ARRAYS:
+        if index_array_length(name, spec, key_bytes_len) > 0:
+            files.append(f"{name}/c/0")
+    return files
+
+
+def file_count(spec: StoreSpec, key_bytes_len: int) -> int:
+    """How many files :func:`expected_files` lists, counted without listing them."""
+    count = 1 if spec.records else 0  # fields/zarr.json
+    for layout in spec.layouts():
+        count += layout.shard_count()
+        if isinstance(layout.field, Fixed):
+            count += 1  # its zarr.json
+            continue
+        count += 4  # the field's group, values and offsets zarr.json, offsets/c/0
+        if isinstance(layout.field, Ragged) and layout.field.flat:
+            count += 1 + (layout.n > 0)  # shapes zarr.json and shapes/c/0/0
+    return count + sum(
+        1 + (index_array_length(name, spec, key_bytes_len) > 0) for name in INDEX_ARRAYS
+    )
 
 
 def expected_files(spec: StoreSpec, key_bytes_len: int) -> set[str]:
     """Return every file a store of ``spec`` consists of, except the group ``zarr.json``."""
-    files = {f"{VECTORS}/zarr.json"}
-    files.update(shard_key(spec, k) for k in range(shard_count(spec)))
-    for name in INDEX_ARRAYS:
-        files.add(f"{name}/zarr.json")
-        if index_array_length(name, spec, key_bytes_len) > 0:
-            files.add(f"{name}/c/0")
+    files = {f"{d}/{GROUP}" for d in array_documents(spec, key_bytes_len)}
+    files.update(data_files(spec, key_bytes_len))
     return files
 
 
@@ -155,34 +285,37 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
     if not isinstance(attrs, dict):
         raise CorruptStoreError(f"{where}: attribute {ATTR_KEY!r} must be an object", where)
     version = attrs.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, RECORDS_VERSION):
         raise CorruptStoreError(
             f"{where}: format version {version!r} is not supported by this release "
-            f"(it reads version {FORMAT_VERSION}); upgrade tensorstore_cache or rebuild the store",
+            f"(it reads versions {FORMAT_VERSION} and {RECORDS_VERSION}); upgrade "
+            "tensorstore_cache or rebuild the store",
             where,
         )
     n = _int(attrs.get("n"), "n", 0, _MAX_N, where)
-    shape = attrs.get("item_shape")
-    if not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_DIMS:
-        raise CorruptStoreError(f"{where}: item_shape must be a list of 1 to 8 sizes", where)
-    item_shape = tuple(_int(d, "an item_shape size", 1, _MAX_ITEM_BYTES, where) for d in shape)
-    dtype = attrs.get("dtype")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise CorruptStoreError(
-            f"{where}: dtype {dtype!r} is not allowed; allowed: {sorted(DTYPES)}", where
-        )
-    itemsize = np.dtype(dtype).itemsize
-    if math.prod(item_shape) * itemsize > _MAX_ITEM_BYTES:
-        raise CorruptStoreError(f"{where}: item_shape {list(item_shape)} is too large", where)
+    rows = _int(attrs.get("rows_per_shard"), "rows_per_shard", 1, _MAX_N, where)
+    item_shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    fields: tuple[FieldLayout, ...] = ()
+    if version == FORMAT_VERSION:
+        shape = attrs.get("item_shape")
+        if not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_DIMS:
+            raise CorruptStoreError(f"{where}: item_shape must be a list of 1 to 8 sizes", where)
+        item_shape = tuple(_int(d, "an item_shape size", 1, _MAX_ITEM_BYTES, where) for d in shape)
+        dtype = _dtype(attrs.get("dtype"), where)
+        itemsize = np.dtype(dtype).itemsize
+        if math.prod(item_shape) * itemsize > _MAX_ITEM_BYTES:
+            raise CorruptStoreError(f"{where}: item_shape {list(item_shape)} is too large", where)
+        if rows * math.prod(item_shape) * itemsize > (1 << 40):
+            raise CorruptStoreError(f"{where}: shards of {rows} rows are too large", where)
+    else:
+        fields = _fields_from_attrs(attrs.get("fields"), n, where)
     loader_id = attrs.get("loader_id")
     if not isinstance(loader_id, str) or len(loader_id) > 1000:
         raise CorruptStoreError(f"{where}: loader_id must be a short string", where)
     params = attrs.get("loader_params")
     if not isinstance(params, dict):
         raise CorruptStoreError(f"{where}: loader_params must be an object", where)
-    rows = _int(attrs.get("rows_per_shard"), "rows_per_shard", 1, _MAX_N, where)
-    if rows * math.prod(item_shape) * itemsize > (1 << 40):
-        raise CorruptStoreError(f"{where}: shards of {rows} rows are too large", where)
     skipped_raw = attrs.get("skipped", [])
     if not isinstance(skipped_raw, list) or not all(
         isinstance(s, list) and len(s) == 2 and all(isinstance(x, str) for x in s)
@@ -193,6 +326,11 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
     if not isinstance(created, (int, float)):
         raise CorruptStoreError(f"{where}: created_unix must be a number", where)
     key_bytes_len = _int(attrs.get("key_bytes_len"), "key_bytes_len", 0, 1 << 48, where)
+    identity = attrs.get("source_identity", "stat")
+    if identity not in ("stat", "none", "token"):
+        raise CorruptStoreError(
+            f"{where}: source_identity must be 'stat', 'none' or 'token', got {identity!r}", where
+        )
     spec = StoreSpec(
         n=n,
         item_shape=item_shape,
@@ -203,13 +341,13 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
         rows_per_shard=rows,
         skipped=tuple((s[0], s[1]) for s in skipped_raw),
         created_unix=float(created),
+        fields=fields,
+        identity=identity,
     )
     files_raw = attrs.get("files")
     if not isinstance(files_raw, dict):
         raise CorruptStoreError(f"{where}: files must be an object", where)
-    count = 1 + shard_count(spec) + sum(  # counted before listing them: n may be hostile
-        1 + (index_array_length(name, spec, key_bytes_len) > 0) for name in INDEX_ARRAYS
-    )
+    count = file_count(spec, key_bytes_len)  # counted before listing them: n may be hostile
     if len(files_raw) != count:
         raise CorruptStoreError(
             f"{where}: the file list has {len(files_raw)} entries but a store of {n} rows in "
@@ -239,6 +377,43 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
             )
         files[rel] = (entry[0], entry[1])
     return spec, files, key_bytes_len
+
+
+def _dtype(value: Any, where: str) -> str:
+    if not isinstance(value, str) or value not in DTYPES:
+        raise CorruptStoreError(
+            f"{where}: dtype {value!r} is not allowed; allowed: {sorted(DTYPES)}", where
+        )
+    return value
+
+
+def _fields_from_attrs(raw: Any, n: int, where: str) -> tuple[FieldLayout, ...]:
+    """The field list of a format-2 store, every entry checked (sizes capped, names allowed)."""
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_FIELDS:
+        raise CorruptStoreError(f"{where}: fields must be a list of 1 to {MAX_FIELDS} fields",
+                                where)
+    try:
+        schema = schema_from_json(raw)
+    except ValueError as exc:
+        raise CorruptStoreError(f"{where}: {exc}", where) from None
+    out = []
+    for (name, f), entry in zip(schema, raw, strict=True):
+        kind = f"field {name!r}"
+        if isinstance(f, Fixed):
+            rows = _int(entry.get("rows_per_shard"), f"{kind}: rows_per_shard", 1, _MAX_N, where)
+            if f.nbytes > _MAX_ITEM_BYTES or rows * max(f.nbytes, 1) > (1 << 40):
+                raise CorruptStoreError(f"{where}: {kind} is too large", where)
+            out.append(FieldLayout(name, f, n, rows_per_shard=rows, path=f"{FIELDS}/{name}"))
+            continue
+        chunk = _int(entry.get("chunk"), f"{kind}: chunk", 1, _MAX_N, where)
+        total = _int(entry.get("total"), f"{kind}: total", 0, _MAX_N, where)
+        layout = FieldLayout(name, f, n, chunk=chunk, total=total, path=f"{FIELDS}/{name}")
+        if layout.row_nbytes > _MAX_ITEM_BYTES or chunk * max(layout.row_nbytes, 1) > (1 << 40):
+            raise CorruptStoreError(f"{where}: {kind} is too large", where)
+        if entry.get("kind") == "text" and set(entry) - {"name", "kind", "chunk", "total"}:
+            raise CorruptStoreError(f"{where}: {kind} has keys a text field does not", where)
+        out.append(layout)
+    return tuple(out)
 
 
 def _exists(root: Path, name: str, root_fd: int | None) -> bool:
@@ -303,13 +478,8 @@ class GroupMetadata:
         return {"attributes": {ATTR_KEY: attrs}, "zarr_format": 3, "node_type": "group"}
 
     def array_documents(self) -> dict[str, dict[str, Any]]:
-        """Return the ``zarr.json`` of every array of the store, by array name."""
-        docs = {VECTORS: vectors_metadata(self.spec)}
-        for name in INDEX_ARRAYS:
-            docs[name] = index_array_metadata(
-                name, index_array_length(name, self.spec, self.key_bytes_len)
-            )
-        return docs
+        """Return the ``zarr.json`` of every array and inner group of the store, by directory."""
+        return array_documents(self.spec, self.key_bytes_len)
 
     @classmethod
     def read(
@@ -320,7 +490,7 @@ class GroupMetadata:
         ``root_fd``, a descriptor of ``root``, makes every file be read from that
         directory even if another one is renamed to ``root`` meanwhile. ``trust``
         is checked on every directory and file opened (see
-        :func:`~tensorstore_cache.fs.safe.open_regular`).
+        :func:`~tensorstore_cache.fs.opens.open_regular`).
 
         Raises
         ------

@@ -21,9 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CorruptStoreError
-from ..fs.durable import write_replace
-from ..fs.safe import open_sized
-from ..fs.trust import Trust
+from ..fs import Trust, open_sized, write_replace
 
 __all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "write_shard"]
 
@@ -108,7 +106,7 @@ class MappedShard:
     def row(self, i: int) -> npt.NDArray[np.generic]:
         """Return row ``i`` as a view."""
         if self.rows is not None:
-            view: npt.NDArray[np.generic] = self.rows[i]
+            view: npt.NDArray[np.generic] = self.rows[i, ...]
             return view
         assert self.offsets is not None and self.buffer is not None
         count = int(np.prod(self.item_shape))
@@ -130,7 +128,7 @@ def open_shard(
     """Open a shard and check its size and index, reading only the index.
 
     ``trust`` is checked on every directory and the file opened (see
-    :func:`~tensorstore_cache.fs.safe.open_regular`).
+    :func:`~tensorstore_cache.fs.opens.open_regular`).
 
     Returns
     -------

@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..fs.durable import file_digest
-from ..fs.safe import open_regular
-from ..fs.trust import Trust
+from ..fs import Trust, file_digest, open_regular
 from .metadata import GroupMetadata
 
 __all__ = ["Problem", "VerifyReport", "verify_segment", "verify_segments"]
@@ -42,7 +40,8 @@ class Problem:
     path: str
     """The file (or directory) concerned."""
     kind: str
-    """``"metadata"``, ``"missing"``, ``"size"``, ``"checksum"``, ``"unreadable"`` or ``"extra"``."""
+    """``"metadata"``, ``"missing"``, ``"size"``, ``"checksum"``, ``"unreadable"``, ``"extra"``
+    or ``"offsets"`` (a ragged field's offsets or shapes that do not hold its values)."""
     detail: str
     """What was found, in words."""
 
@@ -64,6 +63,15 @@ class VerifyReport:
         Bytes read and hashed.
     problems : list of Problem
         Everything found wrong, in path order; empty for a sound store.
+
+    Examples
+    --------
+    >>> import os
+    >>> _ = tsc.build_store(paths, "covers.tsc", progress=False)
+    >>> os.remove("covers.tsc/key_row/c/0")
+    >>> report = tsc.verify_store("covers.tsc")
+    >>> report.ok, report.bad_files, report.problems[0].kind
+    (False, ['covers.tsc/key_row/c/0'], 'missing')
     """
 
     location: str
@@ -104,10 +112,10 @@ class VerifyReport:
                 bad,
             )
 
-    def _listing(self, limit: int = 20) -> str:
-        lines = [f"  {p}" for p in self.problems[:limit]]
-        if len(self.problems) > limit:
-            lines.append(f"  ... and {len(self.problems) - limit} more problems (see .files)")
+    def _listing(self) -> str:
+        lines = [f"  {p}" for p in self.problems[:_SHOWN]]
+        if len(self.problems) > _SHOWN:
+            lines.append(f"  ... and {len(self.problems) - _SHOWN} more problems (see .files)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -118,6 +126,10 @@ class VerifyReport:
             f"{self.location}: {len(self.problems)} problem(s) in {self.files_checked} files "
             f"({size} checked):\n{self._listing()}"
         )
+
+
+#: Problems a report names in its text (``.problems`` and ``.files`` hold every one).
+_SHOWN = 20
 
 
 def _check_file(
@@ -212,7 +224,7 @@ def verify_segment(
         directory it refers to, even if another has been renamed to ``root``.
     trust
         Checked on every directory and file opened (an open store's; default:
-        a store named by its path, see :func:`~tensorstore_cache.fs.safe.open_regular`).
+        a store named by its path, see :func:`~tensorstore_cache.fs.opens.open_regular`).
 
     Returns
     -------

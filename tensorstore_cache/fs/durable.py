@@ -1,8 +1,9 @@
-"""Durable writes: data on disk before it is published, and the crash-test hook.
+"""Durable writes: data on disk before it is published.
 
 A file is written, fsynced and only then renamed into place; a directory is
-fsynced after entries are added to it. :func:`io_step` marks every such step
-so that the crash tests can kill a writer at each one in turn.
+fsynced after entries are added to it. Every such step is marked with
+:func:`~tensorstore_cache.fs.crash.io_step`, so that the crash tests can kill
+a writer at each one in turn.
 """
 
 from __future__ import annotations
@@ -11,44 +12,24 @@ import contextlib
 import errno
 import json
 import os
-import signal
-import uuid
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from .trust import EXPLICIT, Trust, create_file
+from .crash import io_step
+from .opens import create_file
+from .temp import temp_path
+from .trust import EXPLICIT, Trust
 
 __all__ = [
-    "PARTIAL_SUFFIX",
     "file_digest",
     "fsync_dir",
     "fsync_dirs",
-    "io_step",
-    "remove_partials",
     "write_bytes_durable",
     "write_json_durable",
     "write_replace",
 ]
-
-#: Suffix of a file being written by :func:`write_replace` (``<name>.<uuid>.partial``).
-PARTIAL_SUFFIX = ".partial"
-
-# Crash-test hook: with TSC_TEST_KILL_AT=k in the environment, the k-th build I/O
-# step of this process (each mkdir, write, fsync, rename) SIGKILLs it just before
-# the step runs; k=-1 only counts the steps (in ``_io_trace``). Unset: one global test.
-_KILL_AT = int(os.environ.get("TSC_TEST_KILL_AT") or 0)
-_io_trace: list[str] = []
-
-
-def io_step(what: str) -> None:
-    """Mark one build I/O step (a no-op unless the crash-test hook is armed)."""
-    if _KILL_AT:
-        _io_trace.append(what)
-        if len(_io_trace) == _KILL_AT:
-            os.kill(os.getpid(), signal.SIGKILL)
-
 
 #: fsync errors meaning "directories cannot be synced here", not "the data is lost".
 _FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EISDIR})
@@ -133,14 +114,15 @@ def write_replace(
 ) -> tuple[int, str]:
     """Write ``parts`` to ``path`` durably and atomically; return its size and XXH3-128.
 
-    The bytes go to ``<path>.<uuid>.partial`` first, fsynced, which then
-    replaces ``path`` with one ``os.replace``: a reader never finds a
-    half-written file at ``path``, and a writer killed part-way leaves only a
-    ``.partial`` file behind. Writing the same file twice is safe; the last
+    The bytes go to a temporary sibling first (``.<name>.tsc-new-...``, see
+    :func:`~tensorstore_cache.fs.temp.temp_path`), fsynced, which then replaces
+    ``path`` with one ``os.replace``: a reader never finds a half-written file
+    at ``path``, and a writer killed part-way leaves only that temporary file
+    behind. Writing the same file twice is safe; the last
     complete write wins. The parent directory must exist. The file gets the
     file mode of ``trust`` (default: ``0o644`` through the umask).
     """
-    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    partial = temp_path(path, "new")
     io_step("create")
     fd = create_file(partial, trust or EXPLICIT)
     try:
@@ -181,15 +163,3 @@ def file_digest(file: int | Path, buf: bytearray | None = None) -> tuple[int, st
         size += n
         offset += n
     return size, digest.hexdigest()
-
-
-def remove_partials(root: Path) -> int:
-    """Delete every ``*.partial`` file under ``root`` (left by killed writers); return the count."""
-    count = 0
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            if name.endswith(PARTIAL_SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(dirpath, name))
-                    count += 1
-    return count

@@ -1,13 +1,25 @@
-"""Temporary sibling directories, removing trees, and measuring them.
+"""Temporary names: one scheme for everything prepared beside its target, and its sweepers.
 
-Work that must appear atomically (a build, a download) happens in a hidden
-sibling ``.<name><mark><host>-<pid>-<random>`` of its target and is published
-by one rename. A process killed before that leaves the directory behind; it
-is removed by the next process that looks, at once when its owner is a dead
-process of this host, otherwise (another host sharing the directory) once it
-is old.
+Whatever must appear in one step (a build, a download, a file written then
+renamed into place, a directory created with its modes already set) is
+prepared under a hidden sibling name that :func:`temp_path` makes::
 
-Removing a directory always renames it aside first (:func:`remove_tree`), so
+    .<target>.tsc-<kind>-<host>-<pid>-<token>
+
+``kind`` says what it is (:data:`TempKind`): ``build`` a store being built,
+``fetch`` a download, ``new`` a file or directory being prepared (renamed or
+linked into place once complete), ``gc`` something being deleted (renamed
+aside first, :func:`delete_tree`). ``host`` and ``pid`` name its owner. A
+temporary name of a temporary entry is made from the first target, so
+whoever sweeps a target's leftovers finds all of them.
+
+A process killed before it publishes leaves the entry behind. Every sweeper
+reads names with :func:`parse_temp` and asks :meth:`TempName.stale`: an
+entry whose owner is a live process of this host is never removed; one whose
+owner is a dead process of this host is removed at once; one of another host
+(whose owner cannot be asked) once it is older than the sweeper's limit.
+
+Removing a directory always renames it aside first (:func:`delete_tree`), so
 a reader or writer that addresses it by name sees it vanish in one step.
 """
 
@@ -16,35 +28,131 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import socket
+import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, cast
 
 __all__ = [
-    "age_text",
-    "collect_temp_siblings",
-    "disk_usage",
-    "owner_dead",
+    "TempKind",
+    "TempName",
+    "collect_temps",
+    "delete_tree",
+    "parse_temp",
+    "remove_temps",
     "remove_tree",
-    "temp_sibling",
+    "temp_path",
 ]
+
+TempKind = Literal["build", "fetch", "gc", "new"]
+"""What a temporary entry is: a build, a download, something prepared, something being deleted."""
+
+_NAME = re.compile(
+    r"\.(?P<target>.+)\.tsc-(?P<kind>build|fetch|gc|new)-"
+    r"(?:(?P<host>[^-]*)-(?P<pid>[0-9]+)-)?(?P<token>[0-9a-f]+)"
+    # earlier versions: an aside of a temporary entry (".old", ".discard"); "gc" without owner
+    r"(?:\.old|\.discard)?"
+)
 
 
 def _host() -> str:
     return socket.gethostname().replace("-", "_")
 
 
-def temp_sibling(target: Path, mark: str) -> Path:
-    """Return a fresh hidden sibling path of ``target`` owned by this process."""
-    return target.parent / f".{target.name}{mark}{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+@dataclass(frozen=True, slots=True)
+class TempName:
+    """What the name of a temporary entry says (see :func:`parse_temp`)."""
+
+    target: str
+    """The name of the entry it is prepared for (or was renamed aside from)."""
+    kind: TempKind
+    """What it is."""
+    host: str | None
+    """Host name of its owner (``-`` written as ``_``); None if no owner is recorded."""
+    pid: int | None
+    """Process id of its owner on ``host``; None if no owner is recorded."""
+
+    def _owner(self) -> bool | None:
+        """True: a live process of this host (a recycled pid counts as alive: its entry
+        waits); False: a process of this host that no longer exists; None: nobody can tell."""
+        if self.pid is None or self.host != _host():
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def owner_alive(self) -> bool:
+        """Whether its owner is a live process of this host."""
+        return self._owner() is True
+
+    def owner_dead(self) -> bool:
+        """Whether its owner is a process of this host that no longer exists."""
+        return self._owner() is False
+
+    def stale(self, age_s: float, max_age_s: float) -> bool:
+        """Whether a sweeper removes it, ``age_s`` seconds after it last changed.
+
+        Never while its owner is a live process of this host; at once when the
+        owner is dead; otherwise (another host's, or no owner recorded) once
+        older than ``max_age_s``.
+        """
+        owner = self._owner()
+        if owner is not None:
+            return not owner
+        return age_s > max_age_s
 
 
-def collect_temp_siblings(
-    directory: Path, prefix: str, max_age_s: float, *, any_owner: bool = False
-) -> None:
-    """Remove the entries of ``directory`` named ``prefix<host>-<pid>-*`` of dead owners.
+def parse_temp(name: str) -> TempName | None:
+    """Read a directory entry's name: a :class:`TempName`, or None if it is not temporary.
+
+    Examples
+    --------
+    >>> parse_temp(".s.tsc.tsc-build-gpu_3-4242-0a1b2c3d")
+    TempName(target='s.tsc', kind='build', host='gpu_3', pid=4242)
+    >>> parse_temp("s.tsc") is None
+    True
+    """
+    found = _NAME.fullmatch(name)
+    if found is None:
+        return None
+    pid = found["pid"]
+    return TempName(
+        found["target"], cast(TempKind, found["kind"]), found["host"],
+        None if pid is None else int(pid),
+    )
+
+
+def temp_path(target: str | os.PathLike[str], kind: TempKind) -> Path:
+    """Return a fresh temporary name for ``target``, beside it, owned by this process.
+
+    The one way every temporary name of the package is made. ``target`` may
+    be relative (to a directory descriptor). A temporary entry's own
+    temporary names are made from its target's name.
+    """
+    head, name = os.path.split(os.fspath(target))
+    parsed = parse_temp(name)
+    base = parsed.target if parsed is not None else name
+    return Path(head, f".{base}.tsc-{kind}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def collect_temps(
+    directory: Path,
+    max_age_s: float,
+    *,
+    target: str | None = None,
+    kind: TempKind | None = None,
+    any_owner: bool = False,
+) -> list[Path]:
+    """Remove the stale temporary entries of ``directory`` (see :meth:`TempName.stale`).
 
     Only entries of the current user are removed (unless ``any_owner``): a
     shared cache's other users' leftovers are theirs (or
@@ -53,106 +161,132 @@ def collect_temp_siblings(
     Parameters
     ----------
     directory
-        Where the temporary siblings live.
-    prefix
-        ``.<name><mark>`` of the target whose leftovers to collect.
+        Where the temporary entries live.
     max_age_s
-        Entries older than this are removed whoever owned them.
+        Entries of other hosts older than this are removed.
+    target
+        Only those prepared for (or renamed aside from) this name.
+    kind
+        Only those of this kind (default: every kind).
+    any_owner
+        Also other users' entries.
+
+    Returns
+    -------
+    list of Path
+        What was removed.
     """
-    host = _host()
     try:
-        entries = list(directory.iterdir())
+        names = os.listdir(directory)
     except OSError:
-        return
-    for entry in entries:
-        if not entry.name.startswith(prefix):
+        return []
+    now = time.time()
+    removed = []
+    for name in names:
+        temp = parse_temp(name)
+        if temp is None or (target is not None and temp.target != target):
             continue
-        dead = owner_dead(entry.name[len(prefix) :], host)
+        if kind is not None and temp.kind != kind:
+            continue
+        entry = directory / name
         try:
             st = entry.lstat()
         except OSError:
             continue
         if st.st_uid != os.geteuid() and not any_owner:
             continue
-        old = time.time() - st.st_mtime > max_age_s
-        if dead or old:
-            remove_tree(entry)
+        if temp.stale(now - st.st_mtime, max_age_s) and remove_tree(entry):
+            removed.append(entry)
+    return removed
 
 
-def owner_dead(tail: str, host: str | None = None) -> bool:
-    """Whether the owner named by ``tail`` (``<host>-<pid>-<random>...`` of a temporary
-    sibling's name) is a process of this host that no longer exists."""
-    owner = tail.split("-")
-    if len(owner) != 3 or owner[0] != (host or _host()) or not owner[1].isdigit():
-        return False
-    try:
-        os.kill(int(owner[1]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+def remove_temps(root: Path) -> int:
+    """Delete every temporary file under ``root``, whoever made it; return the count.
+
+    For a tree whose writers have all finished (a build's directory, once
+    its tasks are done): what attempts killed mid-write left.
+    """
+    count = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            if parse_temp(name) is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dirpath, name))
+                    count += 1
+    return count
 
 
-def remove_tree(path: Path, aside: Path | None = None) -> bool:
+#: Passes of a removal: an entry created inside the tree while it is removed (by a
+#: process still holding a descriptor of the directory) is removed by the next pass.
+_REMOVE_PASSES = 5
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def delete_tree(path: Path, aside: Path | None = None) -> OSError | None:
     """Delete a directory: first renamed aside (one atomic step), then removed.
 
     Once renamed, a task still running somewhere (an executor cannot always
     stop a started task) that addresses files by the old name can no longer
-    create anything the removal would miss. An interrupted removal leaves the
-    aside name behind, for the next collection of temporary siblings.
+    create anything the removal would miss; an entry created meanwhile through
+    a descriptor of the directory is removed by a further pass. An interrupted
+    removal leaves the aside name behind, for the next sweeper.
 
     Parameters
     ----------
     path
         The directory (or file) to delete; nothing happens if it is gone.
     aside
-        Where to rename it first (default ``<path>.discard``, which still
-        matches the temporary-sibling pattern of ``path``).
+        Where to rename it first (default: a ``gc`` temporary name of
+        ``path``, :func:`temp_path`).
 
     Returns
     -------
-    bool
-        Whether nothing is left of it. A path the system does not let this
-        process rename (another user's, in a sticky directory) is not
-        touched at all; files it may not delete stay under the aside name.
+    OSError or None
+        None if nothing is left of it; else the error that kept something (a
+        path the system does not let this process rename, another user's in a
+        sticky directory, is not touched at all: ``EPERM``/``EACCES``; files it
+        may not delete stay under the aside name).
     """
-    doomed = aside if aside is not None else path.with_name(path.name + ".discard")
+    doomed = aside if aside is not None else temp_path(path, "gc")
     try:
         path.rename(doomed)
     except FileNotFoundError:
         doomed = path
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.ENOTSUP, errno.EINVAL):
-            return False  # not ours to remove (EPERM, EACCES), or busy: keep it whole
+            return exc  # not ours to remove (EPERM, EACCES), or busy: keep it whole
         doomed = path
-    if doomed.is_dir() and not doomed.is_symlink():
-        shutil.rmtree(doomed, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            doomed.unlink()
-    return not os.path.lexists(doomed)
+    errors: list[OSError] = []
+
+    def record(_func: object, _path: str, info: Any) -> None:
+        exc = info[1] if isinstance(info, tuple) else info  # onerror: exc_info; onexc: exc
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            errors.append(exc)
+
+    for _attempt in range(_REMOVE_PASSES):
+        errors.clear()
+        if doomed.is_dir() and not doomed.is_symlink():
+            if sys.version_info >= (3, 12):
+                shutil.rmtree(doomed, onexc=record)
+            else:
+                shutil.rmtree(doomed, onerror=record)
+        else:
+            try:
+                doomed.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                errors.append(exc)
+        if not os.path.lexists(doomed):
+            return None
+        if any(e.errno in _DENIED for e in errors):
+            break  # another pass would be refused the same way
+    denied = [e for e in errors if e.errno in _DENIED]
+    if denied:
+        return denied[0]
+    return errors[0] if errors else OSError(errno.ENOTEMPTY, "still not empty", str(doomed))
 
 
-def disk_usage(path: Path) -> int:
-    """Bytes taken by ``path``: a file's size, or the sum over a tree (symlinks not followed)."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return 0
-    if not path.is_dir() or path.is_symlink():
-        return st.st_size
-    total = 0
-    for dirpath, _dirs, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):  # removed meanwhile
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
-def age_text(seconds: float) -> str:
-    """Say how long ``seconds`` is: ``"9.0 days"``, ``"3.5 hours"``, ``"12.0 minutes"``, ``"40 s"``."""
-    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s"
+def remove_tree(path: Path, aside: Path | None = None) -> bool:
+    """Delete a directory as :func:`delete_tree` does; return whether nothing is left of it."""
+    return delete_tree(path, aside) is None

@@ -1,4 +1,4 @@
-"""Who may have written what a cache reads: owner and mode checks on open descriptors.
+"""Trust policies: who may have written what a cache reads, and the modes it creates.
 
 Anyone who can write into a cache directory could plant vectors that every
 other user of it then trains on. So everything a cache reads is opened first
@@ -23,6 +23,7 @@ The directory holding a cache root may be world-writable only with the sticky
 bit (as ``/tmp``): without it anyone could rename the cache away and put
 another in its place.
 
+Opening and creating, with these checks, is :mod:`~tensorstore_cache.fs.opens`'s job.
 Creation follows the policy: ``private`` creates directories ``0o700`` and
 files ``0o600`` through the umask (a stricter umask wins); ``shared`` sets
 exact modes whatever the umask: directories group-owned, setgid, ``0o2770``;
@@ -32,22 +33,17 @@ files ``0o640``, or ``0o660`` for the files every member opens for writing
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import functools
 import grp
 import os
 import pwd
 import stat
-import uuid
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from .. import config
-from ..errors import CorruptStoreError, StorePermissionWarning, UntrustedCacheError
-from .renames import rename_noreplace
+from ..errors import StorePermissionWarning, UntrustedCacheError
 
 __all__ = [
     "EXPLICIT",
@@ -56,15 +52,11 @@ __all__ = [
     "TrustKind",
     "apply_modes",
     "check_fd",
+    "check_parent",
     "check_stat",
-    "create_file",
     "describe_owner",
     "group_name",
     "is_member",
-    "make_dir",
-    "open_dir",
-    "open_file",
-    "open_root",
     "passes",
     "resolve_trust",
     "user_name",
@@ -75,9 +67,6 @@ TrustKind = Literal["private", "shared", "explicit"]
 FileKind = Literal["data", "member-write"]
 """``"data"``: written once by its creator; ``"member-write"``: opened for writing by every user."""
 
-_O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_MODE = {"private": 0o700, "shared": 0o2770, "explicit": 0o777}
 _FILE_MODE = {"private": 0o600, "shared": 0o640, "explicit": 0o644}
 _MEMBER_WRITE_MODE = {"private": 0o600, "shared": 0o660, "explicit": 0o644}
@@ -143,7 +132,7 @@ class Trust:
         return self.file_mode if kind == "data" else self.member_write_mode
 
 
-EXPLICIT = Trust("explicit")
+EXPLICIT: Final[Trust] = Trust("explicit")
 """The policy of paths the user names, warning about each path once."""
 
 
@@ -427,8 +416,8 @@ def check_fd(fd: int, path: str | os.PathLike[str], trust: Trust) -> os.stat_res
     return st
 
 
-def _check_parent(st: os.stat_result, path: str, trust: Trust) -> None:
-    """The directory holding a cache root: world-writable only with the sticky bit."""
+def check_parent(st: os.stat_result, path: str, trust: Trust) -> None:
+    """Refuse a directory holding a cache root that is world-writable without the sticky bit."""
     if trust.kind == "explicit" or not st.st_mode & 0o002 or st.st_mode & stat.S_ISVTX:
         return
     raise _refuse(
@@ -439,7 +428,7 @@ def _check_parent(st: os.stat_result, path: str, trust: Trust) -> None:
     )
 
 
-# -- opening and creating ----------------------------------------------------------------
+# -- creating ----------------------------------------------------------------------------
 
 
 def apply_modes(fd: int, trust: Trust, mode: int) -> None:
@@ -462,245 +451,3 @@ def apply_modes(fd: int, trust: Trust, mode: int) -> None:
         os.fchown(fd, -1, trust.gid)
     if stat.S_IMODE(st.st_mode) != mode or st.st_gid != trust.gid:
         os.fchmod(fd, mode)
-
-
-def _temp_name(path: str | os.PathLike[str]) -> tuple[str, str]:
-    """``(directory, name)`` of ``path`` and a hidden sibling name to prepare it under."""
-    head, name = os.path.split(os.fspath(path))
-    return head, f".{name}.tsc-new-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def make_dir(
-    path: str | os.PathLike[str], trust: Trust, *, dir_fd: int | None = None, exist_ok: bool = True
-) -> bool:
-    """Create one directory with the policy's mode; return whether it was created.
-
-    An existing directory is left as it is (whoever opens it checks it). In a
-    shared cache the directory appears with its group and mode already set
-    (prepared under a hidden name, renamed into place without replacing
-    anything): another member never finds it half made.
-    """
-    if not trust.exact:
-        try:
-            os.mkdir(path, trust.dir_mode, dir_fd=dir_fd)
-        except FileExistsError:
-            if not exist_ok:
-                raise
-            return False
-        return True
-    try:  # the common case: it exists
-        os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        pass
-    else:
-        if not exist_ok:
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))
-        return False
-    head, tmp_name = _temp_name(path)
-    tmp = os.path.join(head, tmp_name)
-    os.mkdir(tmp, 0o700, dir_fd=dir_fd)
-    try:
-        fd = os.open(tmp, _O_DIR | _NOFOLLOW, dir_fd=dir_fd)
-        try:
-            apply_modes(fd, trust, trust.dir_mode)
-        finally:
-            os.close(fd)
-        rename_noreplace(tmp, path, dir_fd=dir_fd)
-    except FileExistsError:
-        os.rmdir(tmp, dir_fd=dir_fd)
-        if not exist_ok:
-            raise
-        return False
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.rmdir(tmp, dir_fd=dir_fd)
-        raise
-    return True
-
-
-def _open(
-    path: str | os.PathLike[str],
-    flags: int,
-    dir_fd: int | None,
-    shown: str | os.PathLike[str],
-    trust: Trust,
-) -> int:
-    """``os.open``; a refusal by the OS is explained by the owner and mode when they are the cause."""
-    try:
-        return os.open(path, flags, dir_fd=dir_fd)
-    except PermissionError:
-        try:  # for the message only: nothing is opened or read
-            st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            st = None
-        if st is not None:
-            check_stat(st, shown, trust)
-        raise
-
-
-def open_dir(
-    path: str | os.PathLike[str],
-    trust: Trust,
-    *,
-    dir_fd: int | None = None,
-    create: bool = False,
-    shown: str | os.PathLike[str] | None = None,
-) -> int:
-    """Open a directory (not through a symlink), check it, return its descriptor.
-
-    Parameters
-    ----------
-    path
-        A name relative to ``dir_fd`` (or a path when ``dir_fd`` is None).
-    trust
-        The policy.
-    dir_fd
-        A checked directory to open ``path`` in.
-    create
-        Create it first if missing, with the policy's mode.
-    shown
-        The full path, for messages (default ``path``).
-    """
-    where = shown if shown is not None else path
-    if create:
-        make_dir(path, trust, dir_fd=dir_fd)
-    fd = _open(path, _O_DIR | _NOFOLLOW, dir_fd, where, trust)
-    try:
-        check_fd(fd, where, trust)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_root(path: str | os.PathLike[str], trust: Trust, *, create: bool = False) -> int:
-    """Open the root directory of a cache (creating it if asked), check it and its parent.
-
-    The root may be reached through symlinks (the user names it); what is
-    checked is the directory actually opened, and the directory that
-    actually holds it. Directories above the root are created with the
-    umask's modes, as ``mkdir -p`` does.
-
-    Raises
-    ------
-    UntrustedCacheError
-        If the root or its parent fails the policy.
-    FileNotFoundError
-        If the root does not exist and ``create`` is false.
-    """
-    root = Path(os.fspath(path))
-    if create:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        make_dir(root, trust)
-    fd = _open(root, _O_DIR, None, root, trust)
-    try:
-        check_fd(fd, root, trust)
-        if trust.kind != "explicit":
-            parent = os.open("..", _O_DIR, dir_fd=fd)
-            try:
-                _check_parent(os.fstat(parent), str(Path(os.path.realpath(root)).parent), trust)
-            finally:
-                os.close(parent)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _regular(fd: int, st: os.stat_result, where: str | os.PathLike[str]) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise CorruptStoreError(f"{where} is not a regular file; refusing it", os.fspath(where))
-
-
-def open_file(
-    path: str | os.PathLike[str],
-    trust: Trust,
-    *,
-    dir_fd: int | None = None,
-    flags: int = os.O_RDONLY,
-    shown: str | os.PathLike[str] | None = None,
-) -> int:
-    """Open an existing regular file (no symlink, FIFO or device), check it, return its descriptor.
-
-    Raises
-    ------
-    FileNotFoundError
-        If it does not exist.
-    CorruptStoreError
-        If it is not a regular file.
-    UntrustedCacheError
-        If it fails the policy.
-    """
-    return _open_existing(path, flags, dir_fd, shown if shown is not None else path, trust)
-
-
-def create_file(
-    path: str | os.PathLike[str],
-    trust: Trust,
-    *,
-    dir_fd: int | None = None,
-    flags: int = os.O_WRONLY,
-    kind: FileKind = "data",
-    exclusive: bool = True,
-    shown: str | os.PathLike[str] | None = None,
-) -> int:
-    """Create a file with the policy's mode (``exclusive=False``: or open the existing one).
-
-    A new file gets :attr:`Trust.file_mode` (``kind="data"``) or
-    :attr:`Trust.member_write_mode` (``kind="member-write"``: lock files and
-    other files every user of the cache writes); an existing one is checked
-    like any other file.
-    """
-    where = shown if shown is not None else path
-    mode = trust.mode_of(kind)
-    base = flags | os.O_CREAT | _NOFOLLOW | _CLOEXEC
-    if trust.exact and not exclusive:
-        # others open it by name at any moment: it appears with its group and mode set
-        try:
-            return _open_existing(path, flags, dir_fd, where, trust)
-        except FileNotFoundError:
-            pass
-        head, tmp_name = _temp_name(path)
-        tmp = os.path.join(head, tmp_name)
-        fd = os.open(tmp, base | os.O_EXCL, 0o600, dir_fd=dir_fd)
-        try:
-            apply_modes(fd, trust, mode)
-            os.link(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except FileExistsError:
-            os.close(fd)
-            return _open_existing(path, flags, dir_fd, where, trust)
-        except BaseException:
-            os.close(fd)
-            raise
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-        return fd
-    try:
-        fd = os.open(path, base | os.O_EXCL, mode, dir_fd=dir_fd)
-    except FileExistsError:
-        if exclusive:
-            raise
-        return _open_existing(path, flags, dir_fd, where, trust)
-    try:
-        if trust.exact:
-            apply_modes(fd, trust, mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_existing(
-    path: str | os.PathLike[str], flags: int, dir_fd: int | None,
-    where: str | os.PathLike[str], trust: Trust,
-) -> int:
-    fd = _open(path, flags | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC, dir_fd, where, trust)
-    try:
-        st = check_fd(fd, where, trust)
-    except BaseException:
-        os.close(fd)
-        raise
-    _regular(fd, st, where)
-    return fd

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..format.keys import encode_key, hash_encoded, hash_key
+from ..format import encode_key, hash_encoded, hash_key
 from .segment import Segment
 
 __all__ = ["Overlay", "overridden_rows"]
@@ -34,13 +35,14 @@ def overridden_rows(seg: Segment, later: Segment) -> npt.NDArray[np.int64]:
     """Return the local rows of ``seg`` whose key ``later`` also holds."""
     if seg.n == 0 or later.n == 0:
         return np.empty(0, np.int64)
-    pos = np.minimum(np.searchsorted(later.key_hash, seg.key_hash), later.n - 1)
-    cand = np.flatnonzero(later.key_hash[pos] == seg.key_hash)
+    mine, theirs = seg.keys, later.keys
+    pos = np.minimum(np.searchsorted(theirs.key_hash, mine.key_hash), later.n - 1)
+    cand = np.flatnonzero(theirs.key_hash[pos] == mine.key_hash)
     if len(cand) == 0:
         return np.empty(0, np.int64)
-    rows = seg.key_row[cand].astype(np.int64)
-    encoded = [seg.key_at(r) for r in rows.tolist()]
-    found = later.find_many(encoded, seg.key_hash[cand].astype(np.uint64, copy=False))
+    rows = mine.key_row[cand].astype(np.int64)
+    encoded = [mine.key_at(r) for r in rows.tolist()]
+    found = theirs.find_many(encoded, mine.key_hash[cand].astype(np.uint64, copy=False))
     return rows[found >= 0]
 
 
@@ -157,7 +159,7 @@ class Overlay:
         self._compute()
         out: list[str] = []
         for k, seg in enumerate(self.segments):
-            keys = seg.key_list()
+            keys = seg.keys.key_list()
             live = self._live[k]
             out.extend(keys if live is None else [keys[i] for i in live.tolist()])
         return out
@@ -170,7 +172,7 @@ class Overlay:
         h = hash_key(encoded)
         segments = self.segments
         for k in range(len(segments) - 1, -1, -1):  # the newest segment wins
-            row = segments[k].find(encoded, h)
+            row = segments[k].keys.find(encoded, h)
             if row >= 0:
                 return k, row
         return -1, -1
@@ -185,21 +187,52 @@ class Overlay:
             if len(todo) == 0:
                 break
             if len(todo) == len(out):
-                found = segments[k].find_many(encoded, hashes)
+                found = segments[k].keys.find_many(encoded, hashes)
             else:
-                found = segments[k].find_many([encoded[i] for i in todo.tolist()], hashes[todo])
+                found = segments[k].keys.find_many([encoded[i] for i in todo.tolist()], hashes[todo])
             hit = found >= 0
             out[todo[hit]] = self.to_global(k, found[hit])
         return out
 
-    def gather(self, rows: npt.NDArray[np.int64], out: npt.NDArray[np.generic]) -> None:
-        """Copy the vectors of valid store ``rows`` into ``out`` in order."""
+    def gather(
+        self, rows: npt.NDArray[np.int64], out: npt.NDArray[np.generic], field: str = "vectors"
+    ) -> None:
+        """Copy the values of fixed ``field`` of valid store ``rows`` into ``out`` in order."""
         if len(self.segments) == 1:
-            self.segments[0].gather(rows, out)
+            self.segments[0].fixed(field).gather(rows, out)
             return
         seg_of, local = self.locate(rows)
         for k in np.unique(seg_of).tolist():
             sel = np.flatnonzero(seg_of == k)
             part = np.empty((len(sel), *out.shape[1:]), dtype=out.dtype)
-            self.segments[k].gather(local[sel], part)
+            self.segments[k].fixed(field).gather(local[sel], part)
             out[sel] = part
+
+    def gather_ragged(
+        self, rows: npt.NDArray[np.int64], field: str
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
+        """``(values, offsets from 0, shapes or None)`` of ragged ``field`` of valid ``rows``."""
+        if len(self.segments) == 1:
+            return self.segments[0].ragged(field).gather(rows)
+        seg_of, local = self.locate(rows)
+        parts: dict[int, tuple[npt.NDArray[np.intp], Any]] = {}
+        for k in np.unique(seg_of).tolist():
+            sel = np.flatnonzero(seg_of == k)
+            parts[k] = (sel, self.segments[k].ragged(field).gather(local[sel]))
+        lengths = np.empty(len(rows), np.int64)
+        for sel, (_values, offsets, _shapes) in parts.values():
+            lengths[sel] = np.diff(offsets)
+        out_offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=out_offsets[1:])
+        first = next(iter(parts.values()))[1]
+        values = np.empty((int(out_offsets[-1]), *first[0].shape[1:]), first[0].dtype)
+        shapes = None if first[2] is None else np.empty((len(rows), first[2].shape[1]), np.int64)
+        for sel, (part_values, part_offsets, part_shapes) in parts.values():
+            # the rows of this segment, in batch order: each run of values to its place
+            starts = out_offsets[sel]
+            index = np.repeat(starts - part_offsets[:-1], np.diff(part_offsets))
+            index += np.arange(len(part_values), dtype=np.int64)
+            values[index] = part_values
+            if shapes is not None and part_shapes is not None:
+                shapes[sel] = part_shapes
+        return values, out_offsets, shapes

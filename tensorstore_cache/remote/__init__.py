@@ -3,8 +3,72 @@
 Nothing here opens or builds a store: :func:`~tensorstore_cache.remote.fetch.fetch_store`
 puts a version's metadata and index into the node cache,
 :class:`~tensorstore_cache.remote.shards.NodeShards` fetches its shards on demand
-under the cap of :mod:`~tensorstore_cache.remote.budget`, and
+under the cap of :mod:`~tensorstore_cache.remote.node_cache`, and
 :mod:`~tensorstore_cache.remote.upload` sends a store (shard by shard from a build's
 tasks, the group ``zarr.json`` last). Opening and building are routed in
-:mod:`tensorstore_cache._api` and :mod:`tensorstore_cache.writer.build`.
+:mod:`tensorstore_cache._api` and :mod:`tensorstore_cache.writer.builder`.
+
+The layers above import only the names listed here (``from ..remote import X``),
+never a module of this package; each is imported when first used.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._interface import interface
+
+if TYPE_CHECKING:
+    from .copy import NodeCopy, RemoteStore, open_url
+    from .fetch import fetch_store
+    from .node_cache import NodeCache, Removed, collect, requested_cap
+    from .shards import NodeShards
+    from .upload import (
+        check_target,
+        discard_files,
+        discard_upload,
+        download_files,
+        shared_between_processes,
+        staging_dir,
+        upload_file,
+        upload_store,
+        withdraw_store,
+    )
+    from .urls import file_url_path, is_url, remote_cache_root
+
+#: Every name of the interface, by the module defining it.
+_MODULES = {
+    "copy": ("NodeCopy", "RemoteStore", "open_url"),
+    "fetch": ("fetch_store",),
+    "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
+    "shards": ("NodeShards",),
+    "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
+    "urls": ("file_url_path", "is_url", "remote_cache_root"),
+}
+
+__all__ = [
+    "NodeCache",
+    "NodeCopy",
+    "NodeShards",
+    "RemoteStore",
+    "Removed",
+    "check_target",
+    "collect",
+    "discard_files",
+    "discard_upload",
+    "download_files",
+    "fetch_store",
+    "file_url_path",
+    "is_url",
+    "open_url",
+    "remote_cache_root",
+    "requested_cap",
+    "shared_between_processes",
+    "staging_dir",
+    "upload_file",
+    "upload_store",
+    "withdraw_store",
+]
+
+if not TYPE_CHECKING:  # a name is imported from its module when first used
+    __getattr__, __dir__ = interface(__name__, _MODULES)

@@ -5,19 +5,21 @@ node-local cache directory::
 
     <cache_dir>/remote/<name>-<hash of URL>/<XXH3-128 of the remote group zarr.json>/
 
-Opening fetches the metadata and the index only, once per node and version:
+Opening fetches the metadata and the index only (and the offsets and shapes
+of ragged fields), once per node and version:
 
 1. read the remote group ``zarr.json`` (one small request) and hash it; if
    that version is already here, open it: no other request is made;
 2. otherwise take an exclusive ``flock`` on ``<version>.lock`` (processes of
    the node asking at the same moment wait here), look again, and download
    into a hidden sibling directory: the group and array metadata first, then
-   the index files the group's ``files`` list names, each checked against
-   its recorded size and XXH3-128 and fsynced;
+   the files the group's ``files`` list names that are not data files
+   (:func:`~tensorstore_cache.format.metadata.fetched_files`), each checked
+   against its recorded size and XXH3-128 and fsynced;
 3. publish the directory with one ``rename``.
 
-Shards are fetched into that directory when first read
-(:mod:`tensorstore_cache.remote.shards`). A reader never sees a partial
+Data files (shards, chunks of ragged values) are fetched into that directory
+when first read (:mod:`tensorstore_cache.remote.shards`). A reader never sees a partial
 file, a damaged download is never published, and a store changed remotely
 (a different group ``zarr.json``) gets a new version directory.
 
@@ -40,19 +42,32 @@ from typing import Any
 
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..format.metadata import GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
-from ..fs.durable import file_digest, fsync_dir, write_bytes_durable
-from ..fs.locks import BuildLock
-from ..fs.temp import collect_temp_siblings, remove_tree, temp_sibling
-from ..fs.trust import Trust, apply_modes, make_dir, open_dir
+from ..format import GROUP, GroupMetadata, array_documents, fetched_files
+from ..fs import (
+    ExclusiveLock,
+    Trust,
+    apply_modes,
+    collect_temps,
+    create_file,
+    file_digest,
+    fsync_dir,
+    make_dir,
+    open_dir,
+    read_json,
+    remove_tree,
+    temp_path,
+    write_bytes_durable,
+)
+from .node_cache import HOLDS_SUFFIX
 from .urls import filesystem, node_dir, open_url_dir, version_name
 
-__all__ = ["fetch_store", "is_shard", "read_group"]
+__all__ = ["fetch_store", "read_group"]
 
 #: Reads back a download in progress (this process's own directory): checks come later.
 _QUIET = Trust.explicit(warn=False)
 
-_ARRAY_DIRS = (VECTORS, *INDEX_ARRAYS)
+#: Copies of a version started over when the remote store changes during the copy.
+_ATTEMPTS = 3
 
 
 def read_group(fs: Any, root: str, url: str) -> bytes:
@@ -110,20 +125,27 @@ def _make_parents(tmp: Path, rel: str, trust: Trust) -> None:
 def _download(fs: Any, root: str, raw: bytes, tmp: Path, trust: Trust) -> int:
     """Copy the store at ``root`` (whose group zarr.json is ``raw``) into ``tmp``; return bytes."""
     write_bytes_durable(tmp / GROUP, raw, trust=trust)
-    # array metadata first (small, fixed names): GroupMetadata.read then validates everything
-    meta = [f"{name}/{GROUP}" for name in _ARRAY_DIRS]
+    # array metadata first (small, named by the group): GroupMetadata.read then validates all
+    try:
+        doc = read_json(tmp / GROUP, max_bytes=config.MAX_GROUP_JSON, trust=_QUIET)
+        group = GroupMetadata.from_json(doc, str(tmp / GROUP))
+    except CorruptStoreError as exc:  # e.g. replaced while we read it
+        raise _ChangedError([("metadata", str(exc))]) from None
+    meta = [f"{d}/{GROUP}" for d in array_documents(group.spec, group.key_bytes_len)]
     for rel in meta:
         _make_parents(tmp, rel, trust)
     _get(fs, root, tmp, meta)  # read_json caps their size; checksums are checked below
     try:
-        files = GroupMetadata.read(tmp, trust=_QUIET).files
+        read = GroupMetadata.read(tmp, trust=_QUIET)
     except (CorruptStoreError, StoreNotFoundError) as exc:  # e.g. replaced while we read it
         raise _ChangedError([("metadata", str(exc))]) from None
-    data = sorted(rel for rel in set(files) - set(meta) if not is_shard(rel))
+    files = read.files
+    fetched = set(fetched_files(read.spec))  # on demand, when first read
+    data = sorted(rel for rel in set(files) - set(meta) if rel not in fetched)
     for rel in data:
         _make_parents(tmp, rel, trust)
     _get(fs, root, tmp, data)
-    kept = [rel for rel in sorted(files) if not is_shard(rel)]
+    kept = [rel for rel in sorted(files) if rel not in fetched]
     bad = [(rel, why) for rel in kept if (why := _check_copy(tmp / rel, *files[rel], trust))]
     if bad:
         raise _ChangedError(bad)
@@ -134,11 +156,6 @@ def _download(fs: Any, root: str, raw: bytes, tmp: Path, trust: Trust) -> int:
     for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):  # deepest first
         fsync_dir(d)
     return sum(files[rel][0] for rel in kept)
-
-
-def is_shard(rel: str) -> bool:
-    """Whether ``rel`` names a shard file (fetched on demand, not with the index)."""
-    return rel.startswith(f"{VECTORS}/c/")
 
 
 def _get(fs: Any, root: str, tmp: Path, rels: list[str]) -> None:
@@ -162,7 +179,7 @@ def _collect_fetch_debris(base: Path, version: str) -> None:
     A directory of a process of this host that no longer exists goes at
     once; one of another host (a shared cache directory) once a day old.
     """
-    collect_temp_siblings(base, f".{version}{config.FETCH_MARK}", 24 * 3600.0)
+    collect_temps(base, 24 * 3600.0, target=version, kind="fetch")
 
 
 def fetch_store(
@@ -170,9 +187,8 @@ def fetch_store(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
-    lock_timeout: float | None = None,
-    attempts: int = 3,
     trust: Trust | None = None,
+    url_dir_fd: int | None = None,
 ) -> Path:
     """Make sure the metadata and index of the current version of ``url`` are here; return them.
 
@@ -186,17 +202,14 @@ def fetch_store(
         Use a node-local disk.
     storage_options
         Passed to the fsspec filesystem (credentials, ``endpoint_url``, ...).
-    lock_timeout
-        Seconds to wait for another process of this node that is copying the
-        same version (default: as long as it takes; a dead copier releases
-        its lock at once).
-    attempts
-        How many times to start over when the remote store changes during
-        the copy.
     trust
         The rules of the cache directory (default: the current user's private
         cache): checked on every directory on the way and on the copy, and
         the modes of what is created.
+    url_dir_fd
+        The checked descriptor of the URL's directory in the node cache
+        (:func:`~tensorstore_cache.remote.urls.open_url_dir`), if the caller
+        has opened it already (it stays open); else it is opened here.
 
     Returns
     -------
@@ -211,30 +224,50 @@ def fetch_store(
     CorruptStoreError
         If the remote files do not match their recorded sizes and checksums
         (the store is damaged, or is being overwritten right now).
-    StoreLockedError
-        If ``lock_timeout`` passed while another process was copying.
     UntrustedCacheError
         If a directory on the way, or the copy, fails ``trust``.
     """
     trust = trust if trust is not None else Trust.private()
     fs, root = filesystem(url, storage_options)
     base = node_dir(url, cache_dir)
+    base_fd = url_dir_fd if url_dir_fd is not None else open_url_dir(
+        url, cache_dir, trust, create=True
+    )
+    try:
+        return _fetch(url, fs, root, base, base_fd, trust)
+    finally:
+        if url_dir_fd is None:
+            os.close(base_fd)
+
+
+def _fetch(url: str, fs: Any, root: str, base: Path, base_fd: int, trust: Trust) -> Path:
+    """Copy the current version of ``url`` into ``base`` unless it is there; return it.
+
+    Another process of the node copying the same version is waited for (as
+    long as it takes: a dead copier releases its lock at once); a store that
+    changes during the copy is copied again, up to :data:`_ATTEMPTS` times.
+    """
     last: list[tuple[str, str]] = []
-    for attempt in range(max(1, attempts)):
+    attempts = _ATTEMPTS
+    for attempt in range(attempts):
         raw = read_group(fs, root, url)
         version = version_name(raw)
         local = base / version
-        if _have(url, cache_dir, version, trust, create=True):
+        if _have(base_fd, local, trust):
             return local
-        with BuildLock(base / f"{version}.lock", what="fetch", trust=trust) as lock:
-            lock.acquire(timeout=lock_timeout)
-            if _have(url, cache_dir, version, trust):  # copied meanwhile by another process
+        with ExclusiveLock(base / f"{version}.lock", what="fetch", trust=trust) as lock:
+            lock.acquire()
+            if _have(base_fd, local, trust):  # copied meanwhile by another process
                 return local
             _collect_fetch_debris(base, version)
             tmp = _fetch_tmp(local)
             make_dir(tmp, trust, exist_ok=False)
             try:
                 _download(fs, root, raw, tmp, trust)
+                # the holds file exists before the version does: an evictor finds a version
+                # a reader is about to open locked by it, never without a holds file
+                os.close(create_file(local.with_name(local.name + HOLDS_SUFFIX), trust,
+                                     flags=os.O_RDWR, kind="member-write", exclusive=False))
                 try:
                     tmp.rename(local)
                 except OSError:
@@ -261,21 +294,15 @@ def fetch_store(
     )
 
 
-def _have(
-    url: str, cache_dir: str | os.PathLike[str] | None, version: str, trust: Trust,
-    *, create: bool = False,
-) -> bool:
-    """Whether the copy of ``version`` is here: opened and checked, with every directory above it."""
-    base = open_url_dir(url, cache_dir, trust, create=create)
+def _have(base_fd: int, local: Path, trust: Trust) -> bool:
+    """Whether the copy ``local`` is here: opened (in its checked URL directory) and checked."""
     try:
-        fd = open_dir(version, trust, dir_fd=base, shown=node_dir(url, cache_dir) / version)
+        fd = open_dir(local.name, trust, dir_fd=base_fd, shown=local)
     except (FileNotFoundError, NotADirectoryError):
         return False
-    finally:
-        os.close(base)
     os.close(fd)
     return True
 
 
 def _fetch_tmp(local: Path) -> Path:
-    return temp_sibling(local, config.FETCH_MARK)
+    return temp_path(local, "fetch")

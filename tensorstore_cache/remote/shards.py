@@ -1,19 +1,24 @@
-"""Shards on demand: fetching a remote store's shards into the node cache as they are read.
+"""Shards on demand: fetching a remote store's data files into the node cache as they are read.
 
 A store opened from a URL has its metadata and index in the node cache
-(:func:`~tensorstore_cache.remote.fetch.fetch_store`); :class:`NodeShards`
-makes each shard file present the first time a row of it is read. For each
+(:func:`~tensorstore_cache.remote.fetch.fetch_store`, with the offsets and
+shapes of ragged fields); :class:`NodeShards` makes each data file present
+the first time a row of it is read. Data files are the shards of fixed fields
+(``vectors`` in format 1) and the ``values`` chunks of ragged and text fields,
+named by their id ``k``, their position in
+:func:`~tensorstore_cache.format.metadata.fetched_files` (shard ``k`` of the
+vectors has id ``k``). Below, "shard ``k``" is the file of id ``k``. For each
 missing shard ``k``:
 
 1. threads of this process asking for ``k`` at once share one download (a
    future per shard);
 2. the process *holds* ``k`` (a shared byte-range lock in ``<version>.holds``,
-   see :mod:`tensorstore_cache.fs.holds`), so no evictor deletes it while it
+   see :mod:`tensorstore_cache.fs.ranges`), so no evictor deletes it while it
    is mapped, then looks for the file: present, it is a hit;
 3. else it takes the shard's download lock (exclusive, waiting: processes of
    the node asking for ``k`` at once download it once), looks again, reserves
    room under the cap (evicting least recently used shards nobody holds),
-   downloads it with one ranged request into a hidden ``.partial`` file,
+   downloads it with one ranged request into a hidden temporary file,
    checks its size and XXH3-128 against the group metadata, fsyncs it and
    publishes it by ``rename``.
 
@@ -35,45 +40,25 @@ import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from .. import config
 from ..errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError, StoreReplacedError
-from ..format.metadata import GroupMetadata, shard_count, shard_key
-from ..fs.durable import fsync_dir
-from ..fs.holds import HoldFile
-from ..fs.temp import collect_temp_siblings
-from ..fs.trust import Trust
-from .budget import HOLDS_SUFFIX, NodeCache, requested_cap
+from ..format import GroupMetadata, fetched_files
+from ..fs import RangeHolds, Trust, collect_temps, fsync_dir
+from ..reader import FetchStats
 from .fetch import read_group
+from .node_cache import NodeCache, requested_cap
 from .urls import filesystem, version_name
 
-__all__ = ["FetchStats", "NodeShards"]
+__all__ = ["NodeShards"]
 
 #: Memory of the shards one process downloads at once (each is held whole while checked).
 _IN_FLIGHT_BYTES = 256 << 20
 #: Pause before the one retry of a shard that did not match (the store may be mid-upload).
 _RETRY_S = 0.5
-
-
-@dataclass
-class FetchStats:
-    """What one open store fetched into the node cache (``store.fetch_stats``)."""
-
-    shards: int = 0
-    """Shards downloaded by this process."""
-    bytes: int = 0
-    """Bytes of those shards."""
-    hits: int = 0
-    """Shards found already in the node cache (fetched by any process)."""
-    refetched: int = 0
-    """Shards this process downloaded again after they were evicted."""
-    cap: int | None = None
-    """The node cache's cap in force (bytes), None if uncapped."""
 
 
 class _NoRoomError(Exception):
@@ -99,6 +84,12 @@ class NodeShards:
         The store's URL (objects are ``<url>/<relative path>``).
     local
         Its version directory in the node cache (metadata and index present).
+    meta
+        Its metadata (read once, by the segment that maps it).
+    holds
+        This process's holds on the version, its version byte held already
+        (taken before the version was read: an evictor deletes no version a
+        process holds); closed with the supply.
     storage_options
         Options of the fsspec filesystem.
     max_bytes
@@ -113,7 +104,9 @@ class NodeShards:
         self,
         url: str,
         local: Path,
+        meta: GroupMetadata,
         *,
+        holds: RangeHolds,
         storage_options: Mapping[str, Any] | None = None,
         max_bytes: int | None = None,
         trust: Trust | None = None,
@@ -122,10 +115,12 @@ class NodeShards:
         self.local = local
         self.version = local.name
         self._options = dict(storage_options or {})
-        meta = GroupMetadata.read(local)
-        self.spec, self.files = meta.spec, meta.files
-        self.count = shard_count(self.spec)
         self.cache = NodeCache(local.parent.parent, trust)
+        self.holds = holds
+        self.spec, self.files = meta.spec, meta.files
+        self.rels = fetched_files(self.spec)
+        """The store-relative path of every data file, by id."""
+        self.count = len(self.rels)
         requested = requested_cap(max_bytes)
         self.cap, by = self.cache.limit(requested)
         if requested is not None and self.cap is not None and self.cap < requested:
@@ -133,12 +128,9 @@ class NodeShards:
                 f"the node cache {self.cache.root} keeps its cap of {self.cap} bytes (set by "
                 f"{by}), smaller than the {requested} asked for: the smallest cap wins; delete "
                 f"{self.cache.root / 'limit.json'} to lift it"))
-        self.holds = HoldFile(local.with_name(local.name + HOLDS_SUFFIX), self.cache.trust)
         with contextlib.suppress(OSError):
             os.utime(self.holds.path)  # the version's last use, for eviction
-        self._largest = max(
-            (self.files[shard_key(self.spec, k)][0] for k in range(self.count)), default=1
-        ) or 1
+        self._largest = max((self.files[rel][0] for rel in self.rels), default=1) or 1
         self.threads = max(2, min(8, _IN_FLIGHT_BYTES // self._largest))
         self.stats = FetchStats(cap=self.cap)
         self._fetched: set[int] = set()
@@ -171,8 +163,8 @@ class NodeShards:
         return f"{self.url}/{rel}"
 
     def path(self, k: int) -> Path:
-        """Where shard ``k`` lives in the node cache."""
-        return self.local / shard_key(self.spec, k)
+        """Where the data file of id ``k`` lives in the node cache."""
+        return self.local / self.rels[k]
 
     # -- the reader's interface ------------------------------------------------
 
@@ -309,7 +301,7 @@ class NodeShards:
                     del self._inflight[k]
 
     def _present(self, k: int) -> bool:
-        rel = shard_key(self.spec, k)
+        rel = self.rels[k]
         try:
             st = os.stat(self.local / rel)
         except FileNotFoundError:
@@ -321,14 +313,14 @@ class NodeShards:
         return True
 
     def _fetch(self, k: int, *, evict: bool) -> None:
-        rel = shard_key(self.spec, k)
+        rel = self.rels[k]
         size, digest = self.files[rel]
         with self.holds.fetching(k):
             if self._present(k):
                 self.stats.hits += 1
                 return
-            collect_temp_siblings(self.local.parent, f".{self.version}-{k}{config.FETCH_MARK}",
-                                  24 * 3600.0)
+            collect_temps(self.local.parent, 24 * 3600.0, target=f"{self.version}-{k}",
+                          kind="fetch")
             for attempt in range(2):
                 found = self._download(k, rel, size, digest, evict=evict)
                 if found is None:

@@ -21,26 +21,30 @@ With ``overwrite=True`` the old group ``zarr.json`` is withdrawn
 (:func:`withdraw_store`) before the first shard is sent, since shards are
 replaced in place. A build that fails removes what it sent
 (:func:`discard_upload`), and never writes a group ``zarr.json``.
+
+A build may also send objects that are no part of the store (its *scratch*:
+the ragged runs of a store of records, which its builder downloads and
+assembles); the builder names their directories, and they are deleted with
+everything else a failed build sent, and after the group ``zarr.json`` of a
+good one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import config
 from ..errors import StoreExistsError
-from ..format.metadata import GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
-from ..fs.durable import fsync_dir
-from ..fs.temp import temp_sibling
-from ..fs.trust import Trust, make_dir
+from ..format import FIELDS, GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
+from ..fs import Trust, fsync_dir, make_dir, temp_path
 from .urls import filesystem, node_dir, open_url_dir, version_name
 
 __all__ = [
     "check_target",
+    "discard_files",
     "discard_upload",
     "download_files",
     "shared_between_processes",
@@ -50,7 +54,7 @@ __all__ = [
     "withdraw_store",
 ]
 
-_ARRAY_DIRS = (VECTORS, *INDEX_ARRAYS)
+_ARRAY_DIRS = (VECTORS, FIELDS, *INDEX_ARRAYS)
 
 
 def check_target(url: str, *, overwrite: bool, storage_options: Mapping[str, Any] | None) -> None:
@@ -102,8 +106,21 @@ def download_files(
         fs.get([f"{root}/{rel}" for rel in rels], [str(local / rel) for rel in rels])
 
 
-def discard_upload(url: str, *, storage_options: Mapping[str, Any] | None) -> None:
-    """Delete what a failed build sent to ``url``: every file of its arrays.
+def discard_files(
+    url: str, rels: list[str], *, storage_options: Mapping[str, Any] | None
+) -> None:
+    """Delete the objects ``rels`` of the store being built at ``url`` (missing ones too)."""
+    if rels:
+        fs, root = filesystem(url, storage_options)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm([f"{root}/{rel}" for rel in rels])
+
+
+def discard_upload(
+    url: str, *, storage_options: Mapping[str, Any] | None, scratch: Sequence[str] = ()
+) -> None:
+    """Delete what a failed build sent to ``url``: every file of its arrays, and every
+    object under the directories ``scratch`` (the build's own, not the store's).
 
     Only while no group ``zarr.json`` is there: a store published at ``url``
     meanwhile (by another builder) is left alone. Objects of other names
@@ -112,7 +129,7 @@ def discard_upload(url: str, *, storage_options: Mapping[str, Any] | None) -> No
     fs, root = filesystem(url, storage_options)
     if fs.exists(f"{root}/{GROUP}"):
         return
-    found = _array_files(fs, root)
+    found = _array_files(fs, root, scratch)
     if found:
         fs.rm([f"{root}/{rel}" for rel in found])
 
@@ -130,7 +147,7 @@ def staging_dir(
     trust = trust if trust is not None else Trust.private()
     base = node_dir(url, cache_dir)
     os.close(open_url_dir(url, cache_dir, trust, create=True))
-    staging = temp_sibling(base / "upload", config.FETCH_MARK)
+    staging = temp_path(base / "upload", "fetch")
     make_dir(staging, trust, exist_ok=False)
     return staging
 
@@ -144,6 +161,7 @@ def upload_store(
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     trust: Trust | None = None,
+    scratch: Sequence[str] = (),
 ) -> None:
     """Upload the store directory ``local`` to ``url``; keep ``local`` as this node's copy.
 
@@ -151,7 +169,8 @@ def upload_store(
     files in ``uploaded`` (shards the build's tasks sent) are at ``url``
     already and need not be in ``local``. Files of the store's arrays at
     ``url`` that the new store does not list (an old version's, a failed
-    build's) are deleted last. Afterwards ``local`` is moved into the
+    build's), and every object under the directories ``scratch`` (a build's
+    scratch, see above), are deleted last. Afterwards ``local`` is moved into the
     node-local cache as the copy of the uploaded version, so opening ``url``
     on this node downloads nothing that ``local`` holds (missing shards are
     fetched when first read); ``local`` must lie on the same filesystem as
@@ -160,7 +179,7 @@ def upload_store(
     """
     trust = trust if trust is not None else Trust.private()
     fs, root = filesystem(url, storage_options)
-    raw = _upload(local, fs, root, overwrite, uploaded, trust)
+    raw = _upload(local, fs, root, overwrite, uploaded, trust, scratch)
     base = node_dir(url, cache_dir)
     os.close(open_url_dir(url, cache_dir, trust, create=True))
     try:
@@ -171,7 +190,8 @@ def upload_store(
 
 
 def _upload(
-    local: Path, fs: Any, root: str, overwrite: bool, uploaded: frozenset[str], trust: Trust
+    local: Path, fs: Any, root: str, overwrite: bool, uploaded: frozenset[str], trust: Trust,
+    scratch: Sequence[str],
 ) -> bytes:
     """Upload the store at ``local`` to ``root``: data, then array metadata, group ``zarr.json`` last."""
     raw = (local / GROUP).read_bytes()
@@ -187,18 +207,19 @@ def _upload(
             fs.put([str(local / rel) for rel in part], [f"{root}/{rel}" for rel in part])
     fs.pipe_file(f"{root}/{GROUP}", raw)
     keep = set(listed)
-    stale = [rel for rel in _array_files(fs, root) if rel not in keep]
+    stale = [rel for rel in _array_files(fs, root, scratch) if rel not in keep]
     if stale:
         fs.rm([f"{root}/{rel}" for rel in stale])
     return raw
 
 
-def _array_files(fs: Any, root: str) -> list[str]:
-    """Store-relative paths of every file of the store's arrays at ``root``."""
+def _array_files(fs: Any, root: str, scratch: Sequence[str] = ()) -> list[str]:
+    """Store-relative paths of every file of the store's arrays at ``root`` (and of the
+    directories ``scratch``)."""
     prefix = root.strip("/") + "/"
     rels = []
     fs.invalidate_cache(root)  # other processes wrote here: list afresh
-    for name in _ARRAY_DIRS:
+    for name in (*_ARRAY_DIRS, *scratch):
         try:
             found = fs.find(f"{root}/{name}")
         except FileNotFoundError:

@@ -17,10 +17,9 @@ from typing import Any
 import xxhash
 
 from .. import config
-from ..fs.trust import Trust, open_dir, open_root
+from ..fs import Trust, open_dir, open_root
 
 __all__ = [
-    "cache_root",
     "file_url_path",
     "filesystem",
     "is_url",
@@ -49,16 +48,9 @@ def file_url_path(url: str) -> Path | None:
     return Path(urllib.parse.unquote(parsed.path))
 
 
-def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return the cache directory: ``cache_dir``, else the default one."""
-    if cache_dir is None:
-        return config.default_cache_dir()
-    return Path(os.fspath(cache_dir)).expanduser()
-
-
 def remote_cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return the directory under which remote stores are copied (``<cache_dir>/remote``)."""
-    return cache_root(cache_dir) / "remote"
+    return config.cache_root(cache_dir) / "remote"
 
 
 def open_url_dir(
@@ -77,7 +69,7 @@ def open_url_dir(
     UntrustedCacheError
         If one fails ``trust``.
     """
-    root = cache_root(cache_dir)
+    root = config.cache_root(cache_dir)
     top = open_root(root, trust, create=create)
     try:
         remote = open_dir("remote", trust, dir_fd=top, create=create, shown=root / "remote")

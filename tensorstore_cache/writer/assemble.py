@@ -19,28 +19,30 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BuildError, CorruptStoreError, StoreExistsError
-from ..format.keys import encode_key, hash_encoded
-from ..format.metadata import (
+from ..format import (
     GROUP,
     INDEX_ARRAYS,
-    VECTORS,
+    FieldLayout,
     GroupMetadata,
+    StoreSpec,
+    array_documents,
+    encode_key,
+    hash_encoded,
     index_array_metadata,
-    shard_count,
-    shard_key,
-    vectors_metadata,
+    write_shard,
 )
-from ..format.shard import write_shard
-from ..format.spec import StoreSpec
-from ..fs.durable import (
+from ..fs import (
+    EXPLICIT,
+    Trust,
+    exchange_dirs,
     fsync_dir,
     fsync_dirs,
     io_step,
+    make_dir,
+    temp_path,
     write_bytes_durable,
     write_json_durable,
 )
-from ..fs.renames import exchange_dirs
-from ..fs.trust import EXPLICIT, Trust, make_dir
 
 __all__ = [
     "finish_store",
@@ -65,23 +67,24 @@ def write_shard_file(
 ) -> tuple[int, str]:
     """Write shard ``rel`` of the store being assembled in ``root``, durably.
 
-    Creates the shard's directories below ``root/vectors`` only (which must
-    exist: a late or retried task of an abandoned build fails instead of
-    recreating it), writes the file atomically (a retried task overwrites
-    what a killed attempt left), then fsyncs every directory up to
-    ``vectors``. Directories and the file get the modes of ``trust``.
+    ``rel`` is ``<array>/c/<k>/...``. Creates the shard's directories below
+    ``root/<array>`` only (which must exist: a late or retried task of an
+    abandoned build fails instead of recreating it), writes the file
+    atomically (a retried task overwrites what a killed attempt left), then
+    fsyncs every directory up to the array's. Directories and the file get
+    the modes of ``trust``.
 
     Returns
     -------
     tuple of (int, str)
         The file's size and XXH3-128.
     """
-    base = root / VECTORS
+    array, _c, rest = rel.partition("/c/")
+    base = root / array
     path = root / rel
     d = base
-    for part in Path(rel).parts[1:-1]:  # "c", shard number, "0"...
+    for part in ["c", *rest.split("/")[:-1]]:  # "c", shard number, "0"...
         d = d / part
-        io_step("mkdir")
         make_dir(d, trust)
     entry = write_shard(path, block, rows_per_shard, trust=trust)
     fsync_dirs(path.parent, base)
@@ -90,29 +93,29 @@ def write_shard_file(
 
 def rewrite_rows(
     root: Path,
-    spec: StoreSpec,
+    layout: FieldLayout,
     read: Callable[[npt.NDArray[np.int64]], npt.NDArray[Any]],
     trust: Trust = EXPLICIT,
 ) -> Files:
-    """Write every shard of ``spec`` into ``root`` from existing rows; return their entries.
+    """Write every shard of a fixed field into ``root`` from existing rows; return their entries.
 
     Parameters
     ----------
     root
-        The store being assembled (``root/vectors`` must exist).
-    spec
-        The new store's spec (``n`` rows in shards of ``rows_per_shard``).
+        The store being assembled (``root/<field's array>`` must exist).
+    layout
+        The new store's field (``n`` rows in shards of ``rows_per_shard``).
     read
-        Returns the vectors of new rows ``rows`` (an ascending run), e.g. a
+        Returns the values of new rows ``rows`` (an ascending run), e.g. a
         gather from the mapped files of other stores.
     trust
         The modes of what is created (see :mod:`tensorstore_cache.fs.trust`).
     """
-    s = spec.rows_per_shard
+    s = layout.rows_per_shard
     files: Files = {}
-    for k in range(shard_count(spec)):
-        rows = np.arange(k * s, min(spec.n, (k + 1) * s), dtype=np.int64)
-        rel = shard_key(spec, k)
+    for k in range(layout.shard_count()):
+        rows = np.arange(k * s, min(layout.n, (k + 1) * s), dtype=np.int64)
+        rel = layout.chunk_key(k)
         files[rel] = write_shard_file(root, rel, read(rows), s, trust)
     return files
 
@@ -150,13 +153,11 @@ def write_index(
     files: Files = {}
     for name, dtype in INDEX_ARRAYS.items():
         data = np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<"))
-        io_step("mkdir")
         make_dir(root / name, trust, exist_ok=False)
         files[f"{name}/{GROUP}"] = write_json_durable(
             root / name / GROUP, index_array_metadata(name, len(data)), trust=trust
         )
         if len(data):
-            io_step("mkdir")
             make_dir(root / name / "c", trust, exist_ok=False)
             files[f"{name}/c/0"] = write_bytes_durable(
                 root / name / "c" / "0", data.reshape(-1).view(np.uint8).data, trust=trust
@@ -197,15 +198,24 @@ def finish_store(
         The group metadata to publish with :func:`publish`.
     """
     every = dict(files)
-    every[f"{VECTORS}/{GROUP}"] = write_json_durable(
-        tmp / VECTORS / GROUP, vectors_metadata(spec), trust=trust
-    )
-    if (tmp / VECTORS / "c").exists():
-        fsync_dir(tmp / VECTORS / "c")
-    fsync_dir(tmp / VECTORS)
+    docs = array_documents(spec, 0)  # the index arrays' are written with their data below
+    for directory in sorted((d for d in docs if d not in INDEX_ARRAYS), key=_depth_last):
+        if not (tmp / directory).is_dir():
+            make_dir(tmp / directory, trust)
+        every[f"{directory}/{GROUP}"] = write_json_durable(
+            tmp / directory / GROUP, docs[directory], trust=trust
+        )
+        if (tmp / directory / "c").exists():
+            fsync_dir(tmp / directory / "c")
+        fsync_dir(tmp / directory)
     index_files, key_bytes_len = write_index(tmp, keys, sizes, mtimes, trust)
     every.update(index_files)
     return GroupMetadata(spec=spec, files=every, key_bytes_len=key_bytes_len)
+
+
+def _depth_last(directory: str) -> tuple[int, str]:
+    """Deepest directories first: a group's ``zarr.json`` after those of its arrays."""
+    return (-directory.count("/"), directory)
 
 
 def seal(tmp: Path, meta: GroupMetadata, target: str, trust: Trust = EXPLICIT) -> None:
@@ -259,8 +269,8 @@ def publish(
                 tmp.unlink()
             shutil.rmtree(tmp, ignore_errors=True)
             return
-        # named like a build directory, so collect_debris removes it if we die here
-        old = tmp.with_name(tmp.name + ".old")
+        # a temporary name of the target, so collect_debris removes it if we die here
+        old = temp_path(target, "gc")
         io_step("rename")
         target.rename(old)
     try:

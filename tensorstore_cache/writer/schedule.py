@@ -44,19 +44,22 @@ def run_tasks(
     executor: Executor | None,
     target: Path,
     n: int,
+    label: str | None = None,
 ) -> dict[str, ShardResult]:
     """Run every task and return the results by shard path.
 
     With no ``executor``, ``workers`` processes work: this one and a
     :class:`~.pool.BuildPool` of ``workers - 1``. A given ``executor``
     runs every task itself. ``progress`` shows a bar of the ``n`` items of
-    the build of ``target``.
+    the build of ``target``, described by ``label`` (default ``building
+    <target's name>``).
     """
     bar: Any = _NoBar()
     if progress:  # imported only for a bar: at module level it adds ~0.1 s to every import
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n, unit="item", desc=f"building {target.name}", smoothing=0.1)
+        desc = label if label is not None else f"building {target.name}"
+        bar = tqdm(total=n, unit="item", desc=desc, smoothing=0.1)
     try:
         if executor is not None:
             given = executor

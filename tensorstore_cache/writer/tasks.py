@@ -5,12 +5,15 @@ picklable, so any :class:`concurrent.futures.Executor` can run it (a Dask
 client's executor for a cluster); :mod:`.schedule` runs a build's tasks.
 A task of a build to a URL writes its shard to a local temporary file and
 uploads it from where it runs, so no directory is shared between the
-builder and the workers.
+builder and the workers. A task of a store of records uploads the shards of
+its fixed fields the same way, and each ragged field's run as the object
+``runs/<field>/<k>`` at the URL (the builder downloads the runs, assembles
+the chunks and deletes them: a builder's memory never holds more than one
+run, however large the ragged values).
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 import traceback
 from dataclasses import dataclass, field
@@ -20,21 +23,39 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..format.metadata import VECTORS
-from ..fs.trust import EXPLICIT, Trust
+from ..config import Recorded
+from ..format import VECTORS, FieldLayout, Fixed
+from ..fs import EXPLICIT, Trust, write_replace
 from ..loaders import Loader
-from ..remote.upload import upload_file
+from ..reader import identify
+from ..remote import upload_file
 from .assemble import write_shard_file
+from .ragged import ragged_values
+from .records import Schema, check_record
 
-__all__ = ["ShardResult", "ShardTask", "load_item", "run_shard"]
+__all__ = [
+    "RUNS",
+    "NotAFileError",
+    "ShardResult",
+    "ShardTask",
+    "check_item",
+    "load_item",
+    "loader_frames",
+    "run_path",
+    "run_shard",
+    "source_identity",
+]
+
+#: Directory of a build where shard tasks leave the values of ragged fields.
+RUNS = "runs"
 
 #: How many of the loader's own frames a failure reports.
 TRACE_FRAMES = 3
 
 
-def load_item(loader: Loader, key: str, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> npt.NDArray[Any]:
-    """Call ``loader`` on ``key`` and check the result's shape and dtype."""
-    value = np.asarray(loader(key))
+def check_item(value: Any, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> npt.NDArray[Any]:
+    """Check a loader's result (one tensor): its shape and dtype, converted to ``dtype``."""
+    value = np.asarray(value)
     if shape is not None and value.shape != shape:
         raise ValueError(
             f"the loader returned shape {value.shape}, but every item must have shape {shape}"
@@ -46,15 +67,14 @@ def load_item(loader: Loader, key: str, dtype: np.dtype[Any], shape: tuple[int, 
                 f"without changing its kind; return {dtype} or pass dtype={value.dtype.name!r}"
             )
         value = value.astype(dtype)
+    checked: npt.NDArray[Any] = value
+    return checked
+
+
+def load_item(loader: Loader, key: str, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> npt.NDArray[Any]:
+    """Call ``loader`` on ``key`` and check the result's shape and dtype."""
+    value: npt.NDArray[Any] = check_item(loader(key), dtype, shape)
     return value
-
-
-def _source_identity(key: str) -> tuple[int, int]:
-    try:
-        st = os.stat(key)
-    except OSError:
-        return -1, -1
-    return st.st_size, st.st_mtime_ns
 
 
 @dataclass(slots=True, kw_only=True)
@@ -63,12 +83,25 @@ class ShardTask:
 
     ``loader`` is None in the tasks sent to a :class:`~.pool.BuildPool`,
     whose workers received the loader when they started. ``computed`` holds
-    items computed already, by row in the shard (the one that told the
-    builder the item shape). ``trust`` gives the shard's directories and file
+    items computed already, by row in the shard, with their source identity
+    taken before they were read (the one that told the builder the item
+    shape). ``hash_sources`` records every source's content hash (taken
+    before it is read; racily clean sources get one anyway). ``identity``
+    says what is recorded about the sources: their stat (``"stat"``),
+    nothing (``"none"``: no system call on a key), or ``tokens`` (one per
+    key, given by the caller). ``trust`` gives the shard's directories and file
     the modes of the cache (or store) being built, in whatever process writes it.
     With ``upload`` (the store's URL) the shard is written to a local temporary
     file and uploaded there, ``root`` is not written; ``storage_options`` are
     the URL's filesystem options.
+
+    A task of a store of records has ``schema`` (and ``names``, the order of
+    a loader's tuples), ``k`` its shard number and ``layouts`` the store's
+    fixed fields: it writes shard ``k`` of each, and the values of each ragged
+    or text field into ``runs/<field>/<k>`` of the build directory, for the
+    builder to assemble into chunks (``dtype`` and ``item_shape`` are unused).
+    With ``upload``, the shards and the runs are uploaded under the same
+    names instead.
     """
 
     root: str
@@ -79,7 +112,16 @@ class ShardTask:
     item_shape: tuple[int, ...]
     rows_per_shard: int
     write_on_failure: bool
-    computed: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
+    computed: dict[int, tuple[Any, tuple[int, int, int]]] = field(
+        default_factory=dict
+    )
+    hash_sources: bool = False
+    identity: Recorded = "stat"
+    tokens: list[int] | None = None
+    schema: Schema | None = None
+    names: tuple[str, ...] | None = None
+    k: int = 0
+    layouts: tuple[FieldLayout, ...] = ()
     trust: Trust = EXPLICIT
     upload: str | None = None
     storage_options: dict[str, Any] | None = None
@@ -90,7 +132,9 @@ class ShardResult:
     """What a worker reports back for one shard.
 
     ``failures`` holds ``(row in the shard, "Type: message", the loader's
-    last frames)`` of every source the loader failed on.
+    last frames)`` of every source the loader failed on. The source identity
+    of every row was taken before its source was read (``source_hash``: 0
+    where no content hash was taken).
     """
 
     rel: str
@@ -99,9 +143,18 @@ class ShardResult:
     failures: list[tuple[int, str, str]] = field(default_factory=list)
     source_size: list[int] = field(default_factory=list)
     source_mtime_ns: list[int] = field(default_factory=list)
+    source_hash: list[int] = field(default_factory=list)
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Records: the shard files of the fixed fields written."""
+    runs: dict[str, tuple[list[int], list[list[int]] | None]] = field(default_factory=dict)
+    """Records: each ragged or text field's run, as every written row's length (and
+    varying sizes); the rows that failed are not in it."""
+    run_files: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Records built to a URL: the size and XXH3-128 of each ragged field's uploaded run
+    (``runs/<field>/<k>``), checked when the builder downloads it."""
 
 
-def _loader_frames(exc: BaseException) -> str:
+def loader_frames(exc: BaseException) -> str:
     """The last frames of ``exc``'s traceback that are not this module's, formatted."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
     return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()
@@ -115,18 +168,23 @@ def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
     fn = loader if loader is not None else task.loader
     if fn is None:
         raise ValueError(f"shard task {task.rel} has no loader")
+    if task.schema is not None:
+        return _run_records(task, fn, task.schema)
     dtype = np.dtype(task.dtype)
     block = np.zeros((len(task.keys), *task.item_shape), dtype=dtype)
     result = ShardResult(task.rel)
     for i, key in enumerate(task.keys):
-        size, mtime = _source_identity(key)
+        done = task.computed.get(i)
+        size, mtime, digest = done[1] if done is not None else source_identity(task, i, key)
         result.source_size.append(size)
         result.source_mtime_ns.append(mtime)
+        result.source_hash.append(digest)
         try:
-            done = task.computed.get(i)
-            block[i] = load_item(fn, key, dtype, task.item_shape) if done is None else done
+            block[i] = load_item(fn, key, dtype, task.item_shape) if done is None else done[0]
+            if size < 0 and task.identity == "stat":
+                raise NotAFileError(key)
         except Exception as exc:  # every failure is reported, none stops the build
-            result.failures.append((i, f"{type(exc).__name__}: {exc}", _loader_frames(exc)))
+            result.failures.append((i, f"{type(exc).__name__}: {exc}", loader_frames(exc)))
     if result.failures and not task.write_on_failure:
         return result
     if task.upload is None:
@@ -143,3 +201,100 @@ def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
         upload_file(Path(scratch) / task.rel, task.upload, task.rel,
                     storage_options=task.storage_options)
     return result
+
+
+class NotAFileError(ValueError):
+    """A key that is not a file was loaded under ``identity="stat"``."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"{key!r} cannot be stat'ed (no such file): its size and mtime, which tell when its "
+            "value is stale, are unknown; for keys that are not files pass identity='none' (never "
+            "stale), or identity=<a function of the keys giving version tokens (uint64)>"
+        )
+
+
+def source_identity(task: ShardTask, i: int, key: str) -> tuple[int, int, int]:
+    """``(size, mtime_ns, content hash)`` recorded for row ``i`` of ``task``, taken before the
+    source is read (a source rewritten while it is loaded is stale next time)."""
+    if task.identity == "none":
+        return -1, -1, 0
+    if task.identity == "token":
+        assert task.tokens is not None
+        return -1, int(np.uint64(task.tokens[i]).view(np.int64)), 0
+    return identify(key, content=task.hash_sources)
+
+
+def run_path(root: Path, name: str, k: int) -> Path:
+    """Where the shard task ``k`` of a build in ``root`` leaves ragged field ``name``'s values."""
+    return root / RUNS / name / str(k)
+
+
+def _run_records(task: ShardTask, fn: Loader, schema: Schema) -> ShardResult:
+    """Load and check every record of one shard; write its fixed shards and ragged runs."""
+    result = ShardResult(task.rel)
+    m = len(task.keys)
+    fixed = {f.name: np.zeros((m, *f.field.inner), np.dtype(f.dtype)) for f in task.layouts}
+    ragged: dict[str, list[npt.NDArray[Any]]] = {
+        name: [] for name, f in schema if not isinstance(f, Fixed)
+    }
+    for i, key in enumerate(task.keys):
+        done = task.computed.get(i)
+        size, mtime, digest = done[1] if done is not None else source_identity(task, i, key)
+        result.source_size.append(size)
+        result.source_mtime_ns.append(mtime)
+        result.source_hash.append(digest)
+        try:
+            record = check_record(key, fn(key), schema, task.names) if done is None else done[0]
+            if size < 0 and task.identity == "stat":
+                raise NotAFileError(key)
+        except Exception as exc:  # every failure is reported, none stops the build
+            result.failures.append((i, f"{type(exc).__name__}: {exc}", loader_frames(exc)))
+            continue
+        for name, block in fixed.items():
+            block[i] = record[name]
+        for name, rows in ragged.items():
+            rows.append(record[name])
+    if result.failures and not task.write_on_failure:
+        return result
+    if task.upload is None:
+        _write_records(task, Path(task.root), fixed, ragged, schema, result, task.trust)
+        return result
+    with tempfile.TemporaryDirectory(prefix="tsc-shard-") as scratch:
+        root = Path(scratch)
+        for layout in task.layouts:
+            (root / layout.path).mkdir(parents=True)
+        for name in ragged:
+            run_path(root, name, task.k).parent.mkdir(parents=True)
+        _write_records(task, root, fixed, ragged, schema, result, EXPLICIT)
+        del fixed, ragged
+        for rel in result.files:
+            upload_file(root / rel, task.upload, rel, storage_options=task.storage_options)
+        for name in result.run_files:
+            rel = run_path(Path(), name, task.k).as_posix()
+            upload_file(root / rel, task.upload, rel, storage_options=task.storage_options)
+    return result
+
+
+def _write_records(
+    task: ShardTask,
+    root: Path,
+    fixed: dict[str, npt.NDArray[Any]],
+    ragged: dict[str, list[npt.NDArray[Any]]],
+    schema: Schema,
+    result: ShardResult,
+    trust: Trust,
+) -> None:
+    """Write the fixed shards and ragged runs of one task into ``root``; note them in ``result``."""
+    for layout in task.layouts:
+        rel = layout.chunk_key(task.k)
+        result.files[rel] = write_shard_file(root, rel, fixed[layout.name],
+                                             layout.rows_per_shard, trust)
+    for name, f in schema:
+        if name not in ragged:
+            continue
+        values, lengths, shapes = ragged_values(f, ragged[name])
+        data = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+        result.run_files[name] = write_replace(
+            run_path(root, name, task.k), [data.reshape(-1).view(np.uint8).data], trust=trust)
+        result.runs[name] = (lengths.tolist(), None if shapes is None else shapes.tolist())

@@ -28,8 +28,12 @@ def _vec(path: str) -> Any:
 @pytest.fixture()
 def store_dir(tmp_path: Path) -> Path:
     root = tmp_path / "s.tsc"
-    tsc.build_store([f"src/k{i}" for i in range(10)], root, loader=_vec, loader_id="vec/1",
-                    workers=1, progress=False).close()
+    sources = tmp_path / "src"  # real files: the store is of the default identity kind (stat)
+    sources.mkdir()
+    for i in range(10):
+        (sources / f"k{i}").write_bytes(b"x" * i)
+    tsc.build_store([str(sources / f"k{i}") for i in range(10)], root, loader=_vec,
+                    loader_id="vec/1", workers=1, progress=False).close()
     return root
 
 

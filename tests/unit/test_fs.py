@@ -1,19 +1,22 @@
-"""Layer 1, fs: safe reads, durable writes, temporary directories, disk usage."""
+"""Layer 1, fs: checked opens, strict JSON, durable writes, temporary names, disk usage."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
 
 from tensorstore_cache import config
 from tensorstore_cache.errors import CorruptStoreError
-from tensorstore_cache.fs import durable, safe, temp
+from tensorstore_cache.fs import durable, jsonfile, locks, opens, ranges, sizes, temp
 
 
 def test_write_replace_is_atomic_and_reports_the_checksum(tmp_path: Path) -> None:
@@ -92,9 +95,9 @@ def test_disk_usage_counts_files_not_symlink_targets(tmp_path: Path) -> None:
     big.write_bytes(b"1" * 1000)
     (tmp_path / "d" / "link").symlink_to(big)
     link_size = os.lstat(tmp_path / "d" / "link").st_size
-    assert temp.disk_usage(tmp_path / "d") == 15 + link_size
-    assert temp.disk_usage(big) == 1000
-    assert temp.disk_usage(tmp_path / "missing") == 0
+    assert sizes.disk_usage(tmp_path / "d") == 15 + link_size
+    assert sizes.disk_usage(big) == 1000
+    assert sizes.disk_usage(tmp_path / "missing") == 0
 
 
 @pytest.mark.parametrize(
@@ -102,35 +105,35 @@ def test_disk_usage_counts_files_not_symlink_targets(tmp_path: Path) -> None:
     [(0, "0 s"), (59, "59 s"), (90, "1.5 minutes"), (7200, "2.0 hours"), (9 * 86400, "9.0 days")],
 )
 def test_age_text(seconds: float, text: str) -> None:
-    assert temp.age_text(seconds) == text
+    assert sizes.age_text(seconds) == text
 
 
 def test_temp_siblings_of_dead_processes_are_collected(tmp_path: Path) -> None:
     target = tmp_path / "s.tsc"
-    mine = temp.temp_sibling(target, config.BUILD_MARK)
+    mine = temp.temp_path(target, "build")
     mine.mkdir()
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True).stdout.strip()
-    host = mine.name.split(config.BUILD_MARK)[1].rsplit("-", 2)[0]
-    dead = tmp_path / f".s.tsc{config.BUILD_MARK}{host}-{dead_pid}-abcdef12"
+    host = mine.name.split(".tsc-build-")[1].rsplit("-", 2)[0]
+    dead = tmp_path / f".s.tsc.tsc-build-{host}-{dead_pid}-abcdef12"
     dead.mkdir()
-    temp.collect_temp_siblings(tmp_path, f".s.tsc{config.BUILD_MARK}", 3600.0)
+    temp.collect_temps(tmp_path, 3600.0, target="s.tsc", kind="build")
     assert mine.exists() and not dead.exists()
 
 
 def test_read_json_caps_follow_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"a": [1, 2, 3, 4, 5], "b": {"c": {"d": 1}}}))
-    assert safe.read_json(path, max_bytes=1 << 10)["a"] == [1, 2, 3, 4, 5]
+    assert jsonfile.read_json(path, max_bytes=1 << 10)["a"] == [1, 2, 3, 4, 5]
     monkeypatch.setattr(config, "MAX_VALUES", 3)
     with pytest.raises(CorruptStoreError, match="more than the 3 allowed"):
-        safe.read_json(path, max_bytes=1 << 10)
+        jsonfile.read_json(path, max_bytes=1 << 10)
     monkeypatch.setattr(config, "MAX_VALUES", 2_000_000)
     monkeypatch.setattr(config, "MAX_DEPTH", 2)
     with pytest.raises(CorruptStoreError, match="deeper than 2 levels"):
-        safe.read_json(path, max_bytes=1 << 10)
+        jsonfile.read_json(path, max_bytes=1 << 10)
     with pytest.raises(CorruptStoreError, match="more than the 10 allowed"):
-        safe.read_json(path, max_bytes=10)
+        jsonfile.read_json(path, max_bytes=10)
 
 
 def test_open_regular_refuses_a_symlink_inside_the_store(tmp_path: Path) -> None:
@@ -139,6 +142,185 @@ def test_open_regular_refuses_a_symlink_inside_the_store(tmp_path: Path) -> None
     (tmp_path / "outside").write_bytes(b"secret")
     (root / "f").symlink_to(tmp_path / "outside")
     with pytest.raises(CorruptStoreError, match="is a symlink"):
-        safe.open_regular(root / "f", root)
+        opens.open_regular(root / "f", root)
     with pytest.raises(CorruptStoreError, match="not inside the store"):
-        safe.open_regular(tmp_path / "outside", root)
+        opens.open_regular(tmp_path / "outside", root)
+
+
+# -- the interface ------------------------------------------------------------------------
+
+
+def test_the_interface_names_every_export_once_and_lazily() -> None:
+    import tensorstore_cache.fs as fs
+
+    assert fs.__all__ == sorted(fs.__all__) and len(set(fs.__all__)) == len(fs.__all__)
+    for name in fs.__all__:
+        value = getattr(fs, name)
+        assert getattr(value, "__module__", "").startswith("tensorstore_cache.fs."), name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        fs.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+# -- one temporary-name scheme ------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out)
+
+
+def test_every_temporary_name_is_made_and_read_one_way(tmp_path: Path) -> None:
+    target = tmp_path / "s.tsc"
+    for kind in ("build", "fetch", "gc", "new"):
+        made = temp.temp_path(target, kind)
+        assert made.parent == tmp_path and made.name.startswith(f".s.tsc.tsc-{kind}-")
+        name = temp.parse_temp(made.name)
+        assert name is not None and (name.target, name.kind, name.pid) == ("s.tsc", kind, os.getpid())
+        # a temporary name of a temporary entry is made from the first target
+        again = temp.parse_temp(temp.temp_path(made, "gc").name)
+        assert again is not None and (again.target, again.kind) == ("s.tsc", "gc")
+    assert temp.temp_path("parts", "new").parent == Path()  # relative to a directory descriptor
+    for plain in ("s.tsc", ".s.tsc", "zarr.json", ".tsc-workers", "0.abc.partial"):
+        assert temp.parse_temp(plain) is None
+    legacy = temp.parse_temp(".s.tsc.tsc-gc-abcdef12")  # no owner recorded
+    assert legacy is not None and legacy.pid is None and legacy.kind == "gc"
+
+
+def test_a_temporary_entry_is_stale_by_its_owner_then_by_its_age() -> None:
+    mine = temp.parse_temp(temp.temp_path("x", "new").name)
+    assert mine is not None and mine.owner_alive() and not mine.owner_dead()
+    assert not mine.stale(10**9, 0.0)  # a live owner's work is never collected
+    host = mine.host
+    dead = temp.TempName("x", "new", host, _dead_pid())
+    assert dead.owner_dead() and dead.stale(0.0, 3600.0)
+    elsewhere = temp.TempName("x", "build", "another_host", os.getpid())
+    assert not elsewhere.owner_alive() and not elsewhere.owner_dead()
+    assert not elsewhere.stale(60.0, 3600.0) and elsewhere.stale(3601.0, 3600.0)
+
+
+def test_collect_temps_knows_every_kind_and_keeps_live_and_foreign_work(tmp_path: Path) -> None:
+    mine = temp.temp_path(tmp_path / "s.tsc", "build")
+    host, dead = mine.name.split(".tsc-build-")[1].rsplit("-", 2)[0], _dead_pid()
+    left = [tmp_path / f".s.tsc.tsc-{kind}-{host}-{dead}-abcdef12" for kind in ("build", "gc", "new")]
+    left.append(tmp_path / f".s.tsc.tsc-fetch-{host}-{dead}-abcdef12")
+    other = tmp_path / f".t.tsc.tsc-build-{host}-{dead}-abcdef12"  # another target's
+    foreign = tmp_path / f".s.tsc.tsc-new-otherhost-{dead}-abcdef12"  # another host's, recent
+    for path in [mine, *left[:2], other, foreign]:
+        path.mkdir()
+        (path / "f").write_bytes(b"x")
+    for path in left[2:]:
+        path.write_bytes(b"x")  # files too: a file being written, a shard download
+    removed = temp.collect_temps(tmp_path, 3600.0, target="s.tsc")
+    assert sorted(removed) == sorted(left)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name, foreign.name])
+    assert temp.collect_temps(tmp_path, 0.0, target="s.tsc", kind="build") == []  # kind filter
+    assert temp.collect_temps(tmp_path, 0.0, target="s.tsc") == [foreign]  # old enough now
+
+
+def test_remove_temps_removes_every_temporary_file_whoever_wrote_it(tmp_path: Path) -> None:
+    shard = tmp_path / "vectors" / "c" / "0"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(b"done")
+    temp.temp_path(shard, "new").write_bytes(b"half")  # this (live) process's
+    (shard.parent / f".0.tsc-new-otherhost-{_dead_pid()}-abcdef12").write_bytes(b"half")
+    assert temp.remove_temps(tmp_path) == 2
+    assert [p.name for p in shard.parent.iterdir()] == ["0"]
+
+
+def test_delete_tree_renames_aside_to_a_name_the_sweepers_know(tmp_path: Path) -> None:
+    doomed = tmp_path / "d"
+    doomed.mkdir()
+    (doomed / "f").write_bytes(b"x")
+    seen: list[str] = []
+    real = Path.rename
+
+    def spy(self: Path, target: Any) -> Any:
+        seen.append(Path(target).name)
+        return real(self, target)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Path, "rename", spy)
+        assert temp.delete_tree(doomed) is None
+    aside = temp.parse_temp(seen[0])
+    assert aside is not None and (aside.target, aside.kind, aside.pid) == ("d", "gc", os.getpid())
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- one rule for locks -------------------------------------------------------------------
+
+
+def _every_lock(tmp_path: Path) -> dict[str, Any]:
+    data = tmp_path / "zarr.json"
+    data.write_bytes(b"{}")
+    shared = locks.SharedHold(data)
+    fd = os.open(data, os.O_RDWR)
+    try:
+        found = {
+            "exclusive": locks.ExclusiveLock(tmp_path / "lock").try_acquire(),
+            "exclusive, waiting": locks.ExclusiveLock(tmp_path / "lock2").acquire(),
+            "shared": shared.held,
+            "is_held": locks.is_held(data),
+            "try_exclusive": locks.try_exclusive(data),
+            "ranges": ranges.RangeHolds(tmp_path / "v.holds").enabled,
+            "try_lock_range": ranges.try_lock_range(fd, 0, 0),
+        }
+    finally:
+        os.close(fd)
+        shared.close()
+    return found
+
+
+_NOT_HELD = {
+    "exclusive": None, "exclusive, waiting": False, "shared": False, "is_held": None,
+    "try_exclusive": (True, None), "ranges": False, "try_lock_range": None,
+}
+
+
+def test_locks_turned_off_take_nothing_and_create_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(config.LOCKS_ENV, "0")
+    assert _every_lock(tmp_path) == _NOT_HELD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zarr.json"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS])
+def test_a_filesystem_without_locks_makes_every_lock_not_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    def refuse(*_args: Any) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
+    assert _every_lock(tmp_path) == _NOT_HELD
+
+
+def test_a_lock_failing_otherwise_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*_args: Any) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(fcntl, "flock", fail)
+    with pytest.raises(OSError, match="Input/output error"):
+        locks.ExclusiveLock(tmp_path / "lock").try_acquire()
+    assert locks.attempt(lambda: None) is True
+
+
+def test_locks_work_here_and_conflict_between_descriptors(tmp_path: Path) -> None:
+    data = tmp_path / "zarr.json"
+    data.write_bytes(b"{}")
+    first, second = locks.ExclusiveLock(tmp_path / "lock"), locks.ExclusiveLock(tmp_path / "lock")
+    assert first.try_acquire() is True and first.held
+    assert second.try_acquire() is False and locks.is_held(tmp_path / "lock") is True
+    holder = locks.read_holder(tmp_path / "lock")
+    assert holder is not None and holder.pid == os.getpid() and holder.what == "build"
+    first.release()
+    assert locks.is_held(tmp_path / "lock") is False and second.try_acquire() is True
+    second.release()
+    hold = locks.SharedHold(data)
+    assert hold.held and locks.try_exclusive(data) == (False, None)
+    hold.close()
+    free, fd = locks.try_exclusive(data)
+    assert free and fd is not None
+    os.close(fd)

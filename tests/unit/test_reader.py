@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -15,19 +15,24 @@ import xxhash
 
 import tensorstore_cache as tsc
 from tensorstore_cache.format.metadata import shard_count, shard_key
-from tensorstore_cache.reader import segment as segment_module
+from tensorstore_cache.fs.trust import Trust
+from tensorstore_cache.reader import keyindex as keyindex_module
+from tensorstore_cache.reader.assembly import SegmentSource, assemble, open_directory
+from tensorstore_cache.reader.keyindex import same_bytes
 from tensorstore_cache.reader.overlay import Overlay
-from tensorstore_cache.reader.segment import Segment, same_bytes
-from tensorstore_cache.reader.store import CacheStore, open_directory
-from tensorstore_cache.remote.shards import FetchStats
+from tensorstore_cache.reader.segment import Segment
+from tensorstore_cache.reader.store import CacheStore
+from tensorstore_cache.reader.supply import FetchStats
+
+from .._loaders import Filled
+from .._stores import Layered, layered
+
+_vec = Filled((8,))
 
 
-def _vec(path: str) -> Any:
-    return np.full(8, int(path.rsplit("k", 1)[1]), np.float32)
-
-
-def _build(root: Path, keys: list[str]) -> Path:
-    tsc.build_store(keys, root, loader=_vec, loader_id="vec/1", workers=1, progress=False).close()
+def _build(root: Path, keys: list[str], identity: Literal["stat", "none"] = "none") -> Path:
+    tsc.build_store(keys, root, loader=_vec, loader_id="vec/1", workers=1, progress=False,
+                    identity=identity).close()
     return root
 
 
@@ -39,11 +44,11 @@ def test_single_and_bulk_lookups_agree_with_a_dict(tmp_path: Path, n: int) -> No
         encoded = [k.encode() for k in [*keys, "absent", "d/0/k"]]
         hashes = np.array([xxhash.xxh3_64_intdigest(e) for e in encoded], np.uint64)
         want = [*range(n), -1, -1]
-        assert [seg.find(e, int(h)) for e, h in zip(encoded, hashes, strict=True)] == want
-        assert seg.find_many(encoded, hashes).tolist() == want
+        assert [seg.keys.find(e, int(h)) for e, h in zip(encoded, hashes, strict=True)] == want
+        assert seg.keys.find_many(encoded, hashes).tolist() == want
         # a hash that is stored with other bytes is not a hit (the bytes are compared)
-        assert seg.find(b"not-this", int(hashes[0])) == -1
-        assert seg.find_many([b"not-this"], hashes[:1]).tolist() == [-1]
+        assert seg.keys.find(b"not-this", int(hashes[0])) == -1
+        assert seg.keys.find_many([b"not-this"], hashes[:1]).tolist() == [-1]
     finally:
         seg.close()
 
@@ -81,7 +86,7 @@ def test_same_bytes_in_many_steps_matches_a_comparison_key_by_key() -> None:
     place[order] = np.arange(len(keys))
     starts, stops = offsets[place], offsets[place + 1]
     got = same_bytes(np.frombuffer(blob, np.uint8), starts, stops, keys)
-    assert len(blob) > 20 * segment_module._COMPARE_BYTES
+    assert len(blob) > 20 * keyindex_module._COMPARE_BYTES
     assert got.tolist() == [a == b for a, b in zip(keys, stored_keys, strict=True)]
     assert not got.all() and got.sum() == len(keys) - 400
 
@@ -97,9 +102,9 @@ def test_one_segment_is_the_trivial_overlay(tmp_path: Path) -> None:
 
 
 def test_later_segments_win_and_rows_number_live_entries(tmp_path: Path) -> None:
-    old = Segment(_build(tmp_path / "a.tsc", ["k1", "k2", "k3"]))
-    new = Segment(_build(tmp_path / "b.tsc", ["k2", "k4"]))
-    store = CacheStore([old, new], old.spec, str(tmp_path))
+    store = layered(_build(tmp_path / "a.tsc", ["k1", "k2", "k3"]),
+                    _build(tmp_path / "b.tsc", ["k2", "k4"]))
+    old, new = store.segments
     assert len(store) == 4 and store.paths == ["k1", "k3", "k2", "k4"]
     assert store.rows(["k2", "k1", "k4"]).tolist() == [2, 0, 3]
     seg_of, local = store.locate(np.array([0, 1, 2, 3], np.int64))
@@ -118,7 +123,7 @@ def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:
     for i in range(3):
         (src / f"k{i}").write_bytes(b"x" * (i + 1))
         paths.append(str(src / f"k{i}"))
-    with _open(_build(tmp_path / "s.tsc", paths)) as store:
+    with _open(_build(tmp_path / "s.tsc", paths, identity="stat")) as store:
         ident = store.source_identity(np.array([2, 0], np.int64), content_hash=True)
         assert ident.size.tolist() == [3, 1]
         assert ident.mtime_ns.tolist() == [os.stat(paths[2]).st_mtime_ns, os.stat(paths[0]).st_mtime_ns]
@@ -133,8 +138,9 @@ def _open(root: Path) -> CacheStore:
 class CopyingSupply:
     """Puts shard files in place from another directory, as a remote transport would."""
 
-    def __init__(self, source: Path, root: Path, spec: Any) -> None:
+    def __init__(self, source: Path, root: Path, spec: Any, budget: int | None = None) -> None:
         self.source, self.root, self.spec = source, root, spec
+        self.budget = budget
         self.asked: list[list[int]] = []
         self.closed = False
         self.stats = FetchStats()
@@ -163,6 +169,13 @@ class CopyingSupply:
         self.closed = True
 
 
+def supplied(root: Path, supply: CopyingSupply) -> CacheStore:
+    """Open the store directory ``root`` with its shards supplied on demand by ``supply``."""
+    where = Layered((str(root),))
+    return assemble(where, [SegmentSource(root=root, trust=Trust.explicit(root),
+                                          supply=lambda _meta: supply)])
+
+
 def test_missing_shards_are_supplied_once_per_batch(tmp_path: Path) -> None:
     keys = [f"k{i}" for i in range(300)]
     full = _build(tmp_path / "full.tsc", keys)
@@ -173,7 +186,7 @@ def test_missing_shards_are_supplied_once_per_batch(tmp_path: Path) -> None:
     for k in range(shard_count(spec)):
         (sparse / shard_key(spec, k)).unlink()
     supply = CopyingSupply(full, sparse, spec)
-    store = open_directory(sparse, supply=supply)
+    store = supplied(sparse, supply)
     s = spec.rows_per_shard
     rows = np.array([0, 2 * s, 1, 2 * s + 1], np.int64)  # shards 0 and 2
     np.testing.assert_array_equal(store.take(rows), np.stack([_vec(keys[int(r)]) for r in rows]))
@@ -198,8 +211,8 @@ def test_a_budget_of_mapped_shards_releases_the_rest_and_returns_copies(
     assert count >= 3
     for k in range(count):
         (sparse / shard_key(spec, k)).unlink()
-    supply = CopyingSupply(full, sparse, spec)
-    store = open_directory(sparse, supply=supply, budget=budget)
+    supply = CopyingSupply(full, sparse, spec, budget=budget)
+    store = supplied(sparse, supply)
     reference = open_directory(full)
     every = np.arange(len(keys))
     for rows in (every, every[::-1], np.random.default_rng(0).permutation(every)):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,11 +13,12 @@ from tensorstore_cache.remote.fetch import fetch_store
 from tensorstore_cache.remote.upload import check_target, staging_dir, upload_store
 from tensorstore_cache.remote.urls import file_url_path, is_url, remote_cache_root, url_dir
 
+from .._loaders import Filled
+
 fsspec = pytest.importorskip("fsspec")
 
 
-def _vec(path: str) -> Any:
-    return np.full(4, float(path.rsplit("k", 1)[1]), np.float32)
+_vec = Filled((4,))
 
 
 def test_urls_and_the_node_cache_names() -> None:
@@ -41,7 +41,7 @@ def test_upload_then_fetch_the_same_files(tmp_path: Path) -> None:
     staging = staging_dir(url, cache)
     keys = [f"k{i}" for i in range(20)]
     tsc.build_store(keys, staging / "store", loader=_vec, loader_id="vec/1", workers=1,
-                    progress=False).close()
+                    progress=False, identity="none").close()
     upload_store(staging / "store", url, cache_dir=cache)
     with pytest.raises(tsc.StoreExistsError, match="already holds a store"):
         check_target(url, overwrite=False, storage_options=None)

@@ -1,4 +1,4 @@
-"""Layer 1, fs.trust: owner and mode checks on open descriptors, with real uids and gids.
+"""Layer 1, fs.trust and fs.opens: owner and mode checks on open descriptors, with real uids and gids.
 
 Tests run as root: children forked from the test process switch to other
 users (raw ids, or users and groups made for the test) and call the trust
@@ -13,17 +13,17 @@ import pickle
 import stat
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tensorstore_cache import config
 from tensorstore_cache.errors import StorePermissionWarning, UntrustedCacheError
+from tensorstore_cache.fs import opens
 from tensorstore_cache.fs import trust as tr
 
 from .. import _uids
-from .._uids import Accounts, Gate, run_as, shared_base
+from .._uids import Accounts, Gate, run_as
 
 pytestmark = pytest.mark.skipif(not _uids.can_switch_users(), reason="needs root and fork")
 
@@ -31,24 +31,6 @@ pytestmark = pytest.mark.skipif(not _uids.can_switch_users(), reason="needs root
 STRANGER = (64011, 64011, (64011,))
 OTHER = (64012, 64012, (64012,))
 RAW_GID = 64020
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    with shared_base() as b:
-        yield b
-
-
-@pytest.fixture
-def accounts() -> Iterator[Accounts]:
-    if not _uids.have_user_tools():
-        pytest.skip("needs useradd and groupadd")
-    _uids.remove_leftovers()
-    acc = Accounts()
-    try:
-        yield acc
-    finally:
-        acc.close()
 
 
 def mode(path: Path) -> int:
@@ -59,25 +41,20 @@ def mode(path: Path) -> int:
 
 
 def make_private(root: str) -> None:
-    trust = tr.Trust.private()
-    fd = tr.open_root(root, trust, create=True)
-    try:
-        sub = tr.open_dir("ns", trust, dir_fd=fd, create=True)
-        os.close(tr.create_file("data", trust, dir_fd=sub))
-        os.close(tr.create_file("lock", trust, dir_fd=sub, flags=os.O_RDWR, kind="member-write",
-                               exclusive=False))
-        os.close(sub)
-    finally:
-        os.close(fd)
+    _make(root, tr.Trust.private())
 
 
 def make_shared(root: str, group: str | int) -> None:
-    trust = tr.resolve_trust(group)
-    fd = tr.open_root(root, trust, create=True)
+    _make(root, tr.resolve_trust(group))
+
+
+def _make(root: str, trust: tr.Trust) -> None:
+    """Create ``root/ns`` with a data file and a lock file, with the modes of ``trust``."""
+    fd = opens.open_root(root, trust, create=True)
     try:
-        sub = tr.open_dir("ns", trust, dir_fd=fd, create=True)
-        os.close(tr.create_file("data", trust, dir_fd=sub))
-        os.close(tr.create_file("lock", trust, dir_fd=sub, flags=os.O_RDWR, kind="member-write",
+        sub = opens.open_dir("ns", trust, dir_fd=fd, create=True)
+        os.close(opens.create_file("data", trust, dir_fd=sub))
+        os.close(opens.create_file("lock", trust, dir_fd=sub, flags=os.O_RDWR, kind="member-write",
                                exclusive=False))
         os.close(sub)
     finally:
@@ -86,15 +63,15 @@ def make_shared(root: str, group: str | int) -> None:
 
 def read_shared(root: str, group: str | int) -> str:
     trust = tr.resolve_trust(group)
-    fd = tr.open_root(root, trust)
+    fd = opens.open_root(root, trust)
     try:
-        sub = tr.open_dir("ns", trust, dir_fd=fd, shown=f"{root}/ns")
+        sub = opens.open_dir("ns", trust, dir_fd=fd, shown=f"{root}/ns")
         try:
             # a member opens another member's lock file for writing
-            os.close(tr.create_file("lock", trust, dir_fd=sub, flags=os.O_RDWR,
+            os.close(opens.create_file("lock", trust, dir_fd=sub, flags=os.O_RDWR,
                                    kind="member-write", exclusive=False))
-            os.close(tr.open_file("data", trust, dir_fd=sub, shown=f"{root}/ns/data"))
-            os.close(tr.create_file(f"mine-{os.geteuid()}", trust, dir_fd=sub, exclusive=False))
+            os.close(opens.open_file("data", trust, dir_fd=sub, shown=f"{root}/ns/data"))
+            os.close(opens.create_file(f"mine-{os.geteuid()}", trust, dir_fd=sub, exclusive=False))
         finally:
             os.close(sub)
     finally:
@@ -104,23 +81,23 @@ def read_shared(root: str, group: str | int) -> str:
 
 def add_file(root: str, name: str) -> None:
     trust = tr.Trust.private()
-    fd = tr.open_root(root, trust)
+    fd = opens.open_root(root, trust)
     try:
-        sub = tr.open_dir("ns", trust, dir_fd=fd)
-        os.close(tr.create_file(name, trust, dir_fd=sub))
+        sub = opens.open_dir("ns", trust, dir_fd=fd)
+        os.close(opens.create_file(name, trust, dir_fd=sub))
         os.close(sub)
     finally:
         os.close(fd)
 
 
 def open_private(root: str) -> None:
-    os.close(tr.open_root(root, tr.Trust.private()))
+    os.close(opens.open_root(root, tr.Trust.private()))
 
 
 def open_private_sub(root: str, name: str) -> None:
-    fd = tr.open_root(root, tr.Trust.private())
+    fd = opens.open_root(root, tr.Trust.private())
     try:
-        os.close(tr.open_dir(name, tr.Trust.private(), dir_fd=fd, shown=f"{root}/{name}"))
+        os.close(opens.open_dir(name, tr.Trust.private(), dir_fd=fd, shown=f"{root}/{name}"))
     finally:
         os.close(fd)
 
@@ -218,18 +195,18 @@ def test_the_check_is_made_on_the_descriptor_opened(base: Path) -> None:
     root = base / "cache"
     (root / "ns").mkdir(parents=True, mode=0o700)
     os.chmod(root, 0o700)
-    fd = tr.open_root(root, tr.Trust.private())  # root's own: trusted
+    fd = opens.open_root(root, tr.Trust.private())  # root's own: trusted
     try:
         # someone swaps in their own directory under the same name
         root.rename(base / "aside")
         (root / "ns").mkdir(parents=True)
         for p in (root, root / "ns"):
             os.chown(p, *STRANGER[:2])
-        sub = tr.open_dir("ns", tr.Trust.private(), dir_fd=fd)  # still the checked directory
+        sub = opens.open_dir("ns", tr.Trust.private(), dir_fd=fd)  # still the checked directory
         assert os.fstat(sub).st_uid == 0
         os.close(sub)
         with pytest.raises(UntrustedCacheError):  # a fresh open sees the swap
-            tr.open_root(root, tr.Trust.private())
+            opens.open_root(root, tr.Trust.private())
     finally:
         os.close(fd)
 
@@ -251,8 +228,8 @@ def test_explicit_paths_are_only_warned_about_once(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(3):
-            os.close(tr.open_root(d, tr.Trust.explicit(d)))
-        os.close(tr.open_root(d, tr.Trust.explicit(d, warn=False)))
+            os.close(opens.open_root(d, tr.Trust.explicit(d)))
+        os.close(opens.open_root(d, tr.Trust.explicit(d, warn=False)))
     assert len(seen) == 1 and issubclass(seen[0].category, StorePermissionWarning)
     assert str(d) in str(seen[0].message) and "\n" not in str(seen[0].message)
     assert "writable by anyone (drwxrwxrwx)" in str(seen[0].message)

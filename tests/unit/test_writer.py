@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -11,16 +10,16 @@ import pytest
 import tensorstore_cache as tsc
 from tensorstore_cache.format.metadata import VECTORS, GroupMetadata
 from tensorstore_cache.format.spec import StoreSpec
-from tensorstore_cache.fs import durable
+from tensorstore_cache.fs import crash, durable
 from tensorstore_cache.loaders import resolve_loader
-from tensorstore_cache.reader.store import open_directory
+from tensorstore_cache.reader.assembly import open_directory
 from tensorstore_cache.writer.assemble import finish_store, publish, rewrite_rows, write_shard_file
-from tensorstore_cache.writer.build import BuildOptions, build, rows_per_shard
+from tensorstore_cache.writer.builder import BuildOptions, build, rows_per_shard
 from tensorstore_cache.writer.tasks import ShardTask
 
+from .._loaders import Filled
 
-def _vec(path: str) -> Any:
-    return np.full(4, float(path.rsplit("k", 1)[1]), np.float32)
+_vec = Filled((4,))
 
 
 def test_a_shard_file_is_written_and_flushed_one_way(
@@ -31,12 +30,12 @@ def test_a_shard_file_is_written_and_flushed_one_way(
     with pytest.raises(FileNotFoundError):  # vectors/ is never recreated (an abandoned build)
         write_shard_file(root, "vectors/c/0/0", block, 4)
     (root / VECTORS).mkdir(parents=True)
-    monkeypatch.setattr(durable, "_KILL_AT", -1)  # count the I/O steps only
-    monkeypatch.setattr(durable, "_io_trace", [])
+    monkeypatch.setattr(crash, "_KILL_AT", -1)  # count the I/O steps only
+    monkeypatch.setattr(crash, "_io_trace", [])
     size, digest = write_shard_file(root, "vectors/c/0/0", block, 4)
-    assert durable._io_trace == [
+    assert crash._io_trace == [
         "mkdir", "mkdir",  # vectors/c, vectors/c/0
-        "create", "write", "write", "fsync", "rename",  # the file, by a .partial
+        "create", "write", "write", "fsync", "rename",  # the file, by a temporary file
         "fsync_dir", "fsync_dir", "fsync_dir",  # vectors/c/0, vectors/c, vectors
     ]
     assert (size, digest) == durable.file_digest(root / "vectors/c/0/0")
@@ -55,7 +54,7 @@ def test_rewrite_rows_then_finish_and_publish_makes_a_readable_store(tmp_path: P
         block: np.ndarray = source[rows]
         return block
 
-    files = rewrite_rows(tmp, spec, read)
+    files = rewrite_rows(tmp, spec.layouts()[0], read)
     assert asked == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     keys = [f"k{i}" for i in range(10)]
     minus = np.full(10, -1, np.int64)
@@ -78,7 +77,8 @@ def test_options_are_built_by_keyword() -> None:
 
 
 def test_build_publishes_nothing_when_a_source_fails(tmp_path: Path) -> None:
-    options = BuildOptions(loader=resolve_loader(_vec, loader_id="vec/1"), workers=1, progress=False)
+    options = BuildOptions(loader=resolve_loader(_vec, loader_id="vec/1"), workers=1,
+                           progress=False, identity="none")
     with pytest.raises(tsc.BuildError, match="1 of 3 sources could not be loaded") as info:
         build(["k1", "bad", "k2"], tmp_path / "s.tsc", options)
     assert info.value.failures[0][0] == "bad"

@@ -1,0 +1,364 @@
+"""One fixed field's array of a mapped store: its shards, mapped as they are read.
+
+A fixed field (the ``vectors`` array of a store of one tensor per key, or a
+:class:`~tensorstore_cache.format.fields.Fixed` field of a store of records)
+is a sharded zarr array: shard ``k`` holds rows ``k * S`` to ``(k + 1) * S``.
+Shards are mapped copy-on-write on first use, each checked first (size,
+index checksum); on Linux all of them lie side by side in one reserved
+address range (:class:`~tensorstore_cache.reader.vmap.VirtualRows`), so a
+batch is one ``numpy.take``. A shard supply (files fetched on demand)
+is asked for the shards about to be mapped, by their file ids (shard ``k``
+is file ``first + k`` of the store); under its budget of mapped files (the
+share of this array), the least recently used shards are unmapped and rows
+are copies.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import CorruptStoreError
+from ..format import FieldLayout, MappedShard, map_shard_fd, open_shard
+from ..fs import Trust
+from .supply import ShardSupply
+from .vmap import VirtualRows, virtual_rows_supported
+
+__all__ = ["FixedArray"]
+
+
+class FixedArray:
+    """The shards of one fixed field of a store directory, mapped on demand.
+
+    Parameters
+    ----------
+    layout
+        The field.
+    root
+        The store directory (named in errors).
+    dir_fd
+        Returns the descriptor of the store directory its segment opened
+        (raises once the segment is closed).
+    files
+        The store's file list (sizes checked before mapping).
+    trust
+        Checked on every shard opened.
+    supply
+        Makes shard files present before they are mapped (None: all are there);
+        owned by the segment, which closes it.
+    first
+        The supply's id of shard 0 (shard ``k`` is file ``first + k``).
+    share
+        How many arrays share the supply's budget: this one keeps at most
+        ``budget // share`` shards mapped (at least one).
+    """
+
+    def __init__(
+        self,
+        layout: FieldLayout,
+        *,
+        root: Path,
+        dir_fd: Callable[[], int],
+        files: dict[str, tuple[int, str]],
+        trust: Trust,
+        supply: ShardSupply | None = None,
+        first: int = 0,
+        share: int = 1,
+    ) -> None:
+        self.layout = layout
+        self.root = root
+        self._dir_fd = dir_fd
+        self.files = files
+        self.trust = trust
+        self.n = layout.n
+        self.item_shape: tuple[int, ...] = tuple(layout.field.shape)  # type: ignore[arg-type]
+        self.dtype: np.dtype[np.generic] = np.dtype(layout.dtype).newbyteorder("<")
+        self.rows_per_shard = layout.rows_per_shard
+        self.item_nbytes = layout.row_nbytes
+        self._supply = supply
+        self._first = first
+        budget = None if supply is None else supply.budget
+        self._budget = None if budget is None else max(1, int(budget) // max(1, share))
+        self._used: OrderedDict[int, None] = OrderedDict()  # mapped shards, LRU first (budget)
+        self._shards: list[MappedShard | None] = [None] * layout.shard_count()
+        self._lock = threading.Lock()
+        self._vrows: VirtualRows | None = None
+        self._all_mapped = False
+        #: Every row in one contiguous copy-on-write view, once every shard is mapped
+        #: (None before, and where rows cannot be mapped contiguously).
+        self.all_rows: npt.NDArray[np.generic] | None = None
+        self._vmapped = [False] * len(self._shards)  # shard k sits in the contiguous view
+        if self.n and virtual_rows_supported(self.rows_per_shard, self.item_nbytes):
+            try:
+                self._vrows = VirtualRows(self.n, self.item_shape, self.dtype, self.rows_per_shard)
+            except OSError:
+                self._vrows = None
+
+    def map_all(self) -> None:
+        """Map every shard now."""
+        self._map_shards(range(len(self._shards)))
+
+    def shard(self, k: int) -> MappedShard:
+        """Return shard ``k``, mapping (and checking) it on first use."""
+        shard = self._shards[k]
+        if shard is None:
+            self._map_shards([k])
+            shard = self._shards[k]
+            assert shard is not None
+        return shard
+
+    def _map_shards(self, ks: Sequence[int]) -> None:
+        """Map the shards ``ks`` not mapped yet (their supply asked once for all of them)."""
+        todo = [k for k in ks if self._shards[k] is None]
+        if not todo:
+            return
+        if self._supply is not None:
+            self._supply.ensure([self._first + k for k in todo])
+        with self._lock:
+            for k in todo:
+                if self._shards[k] is None:
+                    self._shards[k] = self._map(k)
+            if self._budget is None and all(x is not None for x in self._shards):
+                self._all_mapped = True
+                if self._vrows is not None:  # every row in one contiguous view from now on
+                    self.all_rows = self._vrows.rows
+
+    def _map(self, k: int) -> MappedShard:
+        rel = self.layout.chunk_key(k)
+        path = self.root / rel
+        rows = min(self.rows_per_shard, self.n - k * self.rows_per_shard)
+        dir_fd = self._dir_fd()
+        try:
+            fd, offsets = open_shard(
+                path,
+                self.root,
+                rows=rows,
+                rows_per_shard=self.rows_per_shard,
+                item_nbytes=self.item_nbytes,
+                expected_size=self.files[rel][0],
+                root_fd=dir_fd,
+                trust=self.trust,
+            )
+        except CorruptStoreError as exc:
+            if os.fstat(dir_fd).st_nlink == 0:  # our directory was removed
+                raise CorruptStoreError(
+                    f"{self.root} was replaced or deleted after this store was opened, and "
+                    f"{rel} had not been read yet; open the store again",
+                    str(path),
+                ) from exc
+            raise
+        try:
+            vrows = self._vrows
+            if vrows is not None and offsets is None:
+                try:
+                    vrows.map_shard(k, fd, rows)
+                except OSError:
+                    self._vrows = None
+                else:
+                    self._vmapped[k] = True
+                    start = k * self.rows_per_shard
+                    view = vrows.rows[start : start + rows]
+                    return MappedShard(buffer=None, rows=view, offsets=None, dtype=self.dtype,
+                                       item_shape=self.item_shape)
+            if offsets is not None:  # rows not in layout order: no contiguous view
+                self._vrows = None
+            return map_shard_fd(
+                fd, rows=rows, offsets=offsets, item_shape=self.item_shape, dtype=self.dtype
+            )
+        finally:
+            os.close(fd)
+
+    # -- a budget of mapped shards ---------------------------------------------
+
+    def _with_mapped(self, ks: Sequence[int], read: Callable[[], None]) -> None:
+        """Run ``read`` under the lock while every shard of ``ks`` is mapped (budget mode).
+
+        Downloads happen outside the lock; shards another thread unmapped
+        meanwhile are asked for again. Afterwards the least recently used
+        shards beyond the budget are unmapped and given back to the supply.
+        """
+        supply = self._supply
+        assert supply is not None and self._budget is not None
+        while True:
+            missing = [k for k in ks if self._shards[k] is None]
+            if missing:
+                supply.ensure([self._first + k for k in missing])  # one hold each, kept while mapped
+            with self._lock:
+                for k in missing:
+                    if self._shards[k] is None:
+                        try:
+                            self._shards[k] = self._map(k)
+                        except BaseException:
+                            supply.release(self._first + k)
+                            raise
+                    else:  # another thread mapped it meanwhile: our hold is one too many
+                        supply.release(self._first + k)
+                if any(self._shards[k] is None for k in ks):
+                    continue  # unmapped by another thread before we locked: again
+                for k in ks:
+                    self._used[k] = None
+                    self._used.move_to_end(k)
+                read()
+                self._trim(keep=ks)
+                return
+
+    def _trim(self, keep: Sequence[int]) -> None:
+        """Unmap least recently used shards beyond the budget (under the lock)."""
+        assert self._budget is not None and self._supply is not None
+        if len(self._used) <= self._budget:
+            return
+        kept = set(keep)
+        for k in list(self._used):
+            if len(self._used) <= self._budget:
+                return
+            if k in kept:
+                continue
+            del self._used[k]
+            vrows = self._vrows
+            if vrows is not None and self._vmapped[k]:
+                vrows.unmap_shard(k)
+                self._vmapped[k] = False
+            self._shards[k] = None
+            self._supply.release(self._first + k)
+
+    def _copy_row(self, row: int) -> npt.NDArray[np.generic]:
+        k, i = divmod(row, self.rows_per_shard)
+        with self._lock:  # the hot path: its shard is mapped
+            shard = self._shards[k]
+            if shard is not None:
+                self._used.move_to_end(k)
+                return (shard.rows[i, ...] if shard.rows is not None else shard.row(i)).copy()
+        out = np.empty(self.item_shape, dtype=self.dtype)
+
+        def read() -> None:
+            shard = self._shards[k]
+            assert shard is not None
+            out[...] = shard.rows[i] if shard.rows is not None else shard.row(i)
+
+        self._with_mapped([k], read)
+        return out
+
+    def row(self, row: int) -> npt.NDArray[np.generic]:
+        """Return a copy-on-write view of one row (a copy when shards are released, see budget)."""
+        if self._budget is not None:
+            return self._copy_row(row)
+        every = self.all_rows
+        if every is not None:
+            view: npt.NDArray[np.generic] = every[row, ...]
+            return view
+        vrows = self._vrows
+        if vrows is not None and self._vmapped[row // self.rows_per_shard]:
+            view = vrows.rows[row, ...]
+            return view
+        k, i = divmod(row, self.rows_per_shard)
+        rows = self.shard(k).rows
+        if rows is not None:
+            view = rows[i, ...]
+            return view
+        return self.shard(k).row(i)
+
+    def gather(self, rows: npt.NDArray[np.int64], out: npt.NDArray[np.generic]) -> None:
+        """Copy ``rows`` (valid local rows) into ``out`` in order."""
+        if len(rows) == 0:
+            return
+        s = self.rows_per_shard
+        shard_ids = rows // s
+        if self._budget is not None:
+            self._gather_budget(rows, shard_ids, out)
+            return
+        if not self._all_mapped:
+            self._map_shards(np.unique(shard_ids).tolist())
+        vrows = self._vrows  # None if mapping found rows out of layout order
+        if vrows is not None:
+            np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
+            return
+        # no contiguous view (rows out of layout order, or not Linux): shard by shard
+        for k in np.unique(shard_ids).tolist():
+            shard = self.shard(k)
+            sel = np.flatnonzero(shard_ids == k)
+            local = rows[sel] - k * s
+            if shard.rows is not None:
+                out[sel] = shard.rows[local]
+            else:
+                for j, i in zip(sel.tolist(), local.tolist(), strict=True):
+                    out[j] = shard.row(i)
+
+    def _gather_budget(
+        self, rows: npt.NDArray[np.int64], shard_ids: npt.NDArray[np.int64],
+        out: npt.NDArray[np.generic],
+    ) -> None:
+        """Gather under a budget of mapped shards: in groups, shards already mapped first."""
+        assert self._budget is not None
+        ks = np.unique(shard_ids).tolist()
+        ks.sort(key=lambda k: self._shards[k] is None)  # stable: mapped ones first
+        budget = self._budget
+        whole = len(ks) <= budget
+        for start in range(0, len(ks), budget):
+            group = ks[start : start + budget]
+            sel = None if whole else np.flatnonzero(np.isin(shard_ids, group))
+
+            def read(group: list[int] = group, sel: Any = sel) -> None:
+                vrows = self._vrows
+                if vrows is not None and all(self._vmapped[k] for k in group):
+                    if sel is None:
+                        np.take(vrows.rows, rows, axis=0, out=out, mode="clip")
+                    else:
+                        out[sel] = np.take(vrows.rows, rows[sel], axis=0, mode="clip")
+                    return
+                for k in group:
+                    shard = self._shards[k]
+                    assert shard is not None
+                    mine = np.flatnonzero(shard_ids == k)
+                    local = rows[mine] - k * self.rows_per_shard
+                    if shard.rows is not None:
+                        out[mine] = shard.rows[local]
+                    else:
+                        for j, i in zip(mine.tolist(), local.tolist(), strict=True):
+                            out[j] = shard.row(i)
+
+            self._with_mapped(group, read)
+
+    @property
+    def budget(self) -> int | None:
+        """Most shards mapped at once (None: no limit, rows are views)."""
+        return self._budget
+
+    @property
+    def supply(self) -> ShardSupply | None:
+        """Where this array's shards come from when fetched on demand (None: all local)."""
+        return self._supply
+
+    def prefetch(
+        self, rows: npt.NDArray[np.int64] | None, *, background: bool = False
+    ) -> Future[int]:
+        """Fetch the shards of ``rows`` (every shard if None) ahead of reads."""
+        if self._supply is None:
+            done: Future[int] = Future()
+            done.set_result(0)
+            return done
+        return self._supply.prefetch(self.file_ids(rows), background=background)
+
+    def file_ids(self, rows: npt.NDArray[np.int64] | None) -> list[int]:
+        """The supply's ids of the shards of ``rows`` (valid local rows; None: every shard)."""
+        if rows is None:
+            ks = list(range(len(self._shards)))
+        else:
+            ks = np.unique(rows // self.rows_per_shard).tolist()
+        return [self._first + k for k in ks]
+
+    def close(self) -> None:
+        """Drop every mapping (views already handed out stay valid); the segment closes the
+        supply."""
+        self._shards = [None] * len(self._shards)
+        self._vrows = None
+        self.all_rows = None
+        self._all_mapped = False
+        self._used.clear()

@@ -1,0 +1,226 @@
+"""The key index of one store directory: which row holds a key.
+
+Keys are found by their XXH3-64 in the sorted ``key_hash`` array, then
+compared byte for byte with the stored key (``key_offsets`` into
+``key_bytes``, in row order). A single lookup narrows the binary search with a
+small table of bucket starts (the top bits of the hash), built on the first
+single lookup; a lookup of many keys is vectorised, the byte comparison
+included.
+
+The index arrays are checked where they are used (``O(1)`` per lookup), not
+at open: a damaged index raises :class:`~tensorstore_cache.errors.CorruptStoreError`
+instead of an ``IndexError`` or a wrong answer, and opening stays ``O(1)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import CorruptStoreError
+
+__all__ = ["KeyIndex", "same_bytes"]
+
+_bisect_left = bisect.bisect_left
+#: Largest bucket table of a single lookup: 2**16 starts.
+_MAX_BUCKET_BITS = 16
+
+
+def _ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[int]:
+    """A sequence of Python ints over ``array``: a memoryview (C-speed bisect and indexing)
+    on little-endian hosts, whose byte order the files share; a list elsewhere."""
+    if sys.byteorder == "little":
+        return array.view(np.uint8).data.cast(code)
+    return list(array.tolist())
+
+
+#: Query bytes compared in one vectorised step of :func:`same_bytes`: its temporaries
+#: (about 17 bytes per query byte) stay below glibc's initial mmap threshold, so they
+#: are reused from the heap instead of raising the threshold and growing the heap for good.
+_COMPARE_BYTES = 6 << 10
+
+
+def same_bytes(
+    stored: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.uint64],
+    stops: npt.NDArray[np.uint64],
+    keys: Sequence[bytes],
+) -> npt.NDArray[np.bool_]:
+    """Whether ``stored[starts[i]:stops[i]] == keys[i]`` for every ``i``, vectorised.
+
+    A gather of the candidates' stored bytes and one comparison with the keys'
+    bytes per step of about :data:`_COMPARE_BYTES`: no Python object per key
+    (``starts``/``stops`` are within ``stored``, checked by the caller).
+    """
+    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    begin = starts.astype(np.int64)
+    same: npt.NDArray[np.bool_] = (stops.astype(np.int64) - begin) == lengths
+    if len(keys) == 0:
+        return same
+    ends = np.cumsum(lengths)
+    cuts = np.searchsorted(ends, np.arange(_COMPARE_BYTES, int(ends[-1]), _COMPARE_BYTES))
+    a = 0
+    for b in [*np.unique(cuts + 1).tolist(), len(keys)]:
+        if b <= a:
+            continue
+        part = lengths[a:b]
+        query = np.frombuffer(b"".join(keys[a:b]), dtype=np.uint8)
+        qstarts = np.zeros(b - a, dtype=np.int64)
+        np.cumsum(part[:-1], out=qstarts[1:])
+        index = np.repeat(begin[a:b] - qstarts, part)
+        index += np.arange(len(query), dtype=np.int64)
+        equal = np.empty(len(query) + 1, dtype=bool)
+        np.equal(stored.take(index, mode="clip"), query, out=equal[:-1])
+        equal[-1] = True  # a start for an empty last key; such keys fail the length check
+        same[a:b] &= np.logical_and.reduceat(equal, qstarts)
+        a = b
+    return same
+
+
+class KeyIndex:
+    """The key index of a store directory: its four key arrays, mapped.
+
+    Parameters
+    ----------
+    root
+        The store directory (named in errors).
+    n
+        Its rows.
+    key_hash, key_row, key_offsets, key_bytes
+        The index arrays (see :mod:`tensorstore_cache.format.metadata`).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        n: int,
+        key_hash: npt.NDArray[Any],
+        key_row: npt.NDArray[Any],
+        key_offsets: npt.NDArray[Any],
+        key_bytes: npt.NDArray[Any],
+    ) -> None:
+        self.root = root
+        self.n = n
+        self.key_hash = key_hash
+        self.key_row = key_row
+        self.key_offsets = key_offsets
+        self.key_bytes = key_bytes
+        self._hash_mv = _ints(key_hash, "Q")
+        self._row_mv = _ints(key_row, "q")
+        self._off_mv = _ints(key_offsets, "Q")
+        self._kb_mv = key_bytes.data
+        self._kb_len = len(self._kb_mv)
+        self._buckets: tuple[Sequence[int], int] | None = None
+
+    def _bad_index(self, name: str, detail: str) -> CorruptStoreError:
+        path = self.root / name / "c" / "0"
+        return CorruptStoreError(
+            f"{path}: {detail}; the store's index is damaged (run verify, then rebuild it)",
+            str(path),
+        )
+
+    def _key_span(self, row: int) -> tuple[int, int]:
+        off = self._off_mv
+        start, stop = off[row], off[row + 1]
+        if not start <= stop <= len(self._kb_mv):
+            raise self._bad_index(
+                "key_offsets", f"row {row} has key bytes [{start}, {stop}) outside the "
+                f"{len(self._kb_mv)} stored"
+            )
+        return start, stop
+
+    def key_at(self, row: int) -> bytes:
+        """Return the stored key bytes of ``row``."""
+        if not 0 <= row < self.n:
+            raise IndexError(f"row {row} is out of range for {self.n} rows")
+        start, stop = self._key_span(row)
+        return bytes(self._kb_mv[start:stop])
+
+    def _bucket_table(self) -> tuple[Sequence[int], int]:
+        """Return the first position of every hash bucket, and the shift that gives a bucket."""
+        bits = max(0, min(_MAX_BUCKET_BITS, self.n.bit_length() - 1))
+        shift = 64 - bits
+        starts = np.empty((1 << bits) + 1, dtype=np.int64)
+        starts[0], starts[-1] = 0, self.n
+        edges = np.arange(1, 1 << bits, dtype=np.uint64) << np.uint64(shift % 64)
+        starts[1:-1] = np.searchsorted(self.key_hash, edges, side="left")
+        self._buckets = (_ints(starts, "q"), shift)
+        return self._buckets
+
+    def find(self, encoded: bytes, h: int) -> int:
+        """Return the row of one key, or -1 (the single-lookup hot path)."""
+        table, shift = self._buckets or self._bucket_table()
+        bucket = h >> shift
+        mv = self._hash_mv
+        pos = _bisect_left(mv, h, table[bucket], table[bucket + 1])
+        n, kb, off = self.n, self._kb_mv, self._off_mv
+        while pos < n and mv[pos] == h:
+            row = self._row_mv[pos]
+            if not 0 <= row < n:
+                raise self._bad_index("key_row", f"entry {pos} names row {row} of {n}")
+            start = off[row]
+            stop = off[row + 1]
+            if not start <= stop <= self._kb_len:
+                self._key_span(row)  # raises, naming the damage
+            if kb[start:stop] == encoded:
+                return row
+            pos += 1
+        return -1
+
+    def find_many(
+        self, encoded: Sequence[bytes], hashes: npt.NDArray[np.uint64]
+    ) -> npt.NDArray[np.int64]:
+        """Return the row of every key, -1 where absent.
+
+        The search is vectorised, and so is the byte-for-byte comparison of
+        every candidate with its stored key; only hash collisions fall back to
+        a scan.
+        """
+        out = np.full(len(encoded), -1, dtype=np.int64)
+        if self.n == 0 or len(encoded) == 0:
+            return out
+        pos = np.minimum(np.searchsorted(self.key_hash, hashes, side="left"), self.n - 1)
+        hit = self.key_hash[pos] == hashes
+        every = bool(hit.all())
+        cand = np.arange(len(encoded)) if every else np.flatnonzero(hit)
+        if len(cand) == 0:
+            return out
+        rows: npt.NDArray[np.int64] = np.asarray(
+            self.key_row[pos if every else pos[cand]], dtype=np.int64
+        )
+        if int(rows.min()) < 0 or int(rows.max()) >= self.n:
+            bad_row = int(rows[(rows < 0) | (rows >= self.n)][0])
+            raise self._bad_index("key_row", f"an entry names row {bad_row} of {self.n}")
+        offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
+        starts_u, stops_u = offsets[rows], offsets[rows + 1]
+        if np.any(stops_u < starts_u) or int(stops_u.max()) > len(self.key_bytes):
+            raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
+        keys = encoded if every else [encoded[i] for i in cand.tolist()]
+        same = same_bytes(np.asarray(self.key_bytes, dtype=np.uint8), starts_u, stops_u, keys)
+        out[cand[same]] = rows[same]
+        for i in cand[~same].tolist():  # hash collision (or a different key): scan
+            out[i] = self.find(encoded[i], int(hashes[i]))
+        return out
+
+    def key_list(self) -> list[str]:
+        """Return every key in row order (decodes all of them)."""
+        offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
+        if self.n and (
+            np.any(offsets[1:] <= offsets[:-1]) or int(offsets[-1]) > len(self.key_bytes)
+        ):  # every key has at least one byte
+            raise self._bad_index(
+                "key_offsets", "key offsets do not increase or pass the key bytes"
+            )
+        raw = self.key_bytes.tobytes()
+        if b"\x00" in raw:  # normalize_key never lets a NUL through
+            raise self._bad_index("key_bytes", "a stored key contains a NUL byte")
+        offs = offsets.tolist()
+        return [
+            raw[offs[i] : offs[i + 1]].decode("utf-8", "surrogateescape") for i in range(self.n)
+        ]

@@ -33,10 +33,11 @@ from .errors import (
     UntrustedCacheError,
 )
 from .format import FORMAT_VERSION, Fixed, Ragged, StoreSpec, Text, VerifyReport
-from .loaders import ImageLoader, to_float32
+from .loaders import BatchLoader, ImageLoader, to_float32
 from .reader import CacheStore, Record
 
 __all__ = [
+    "BatchLoader",
     "BuildError",
     "CacheInfo",
     "CacheLimitWarning",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from .format import (
     verify_segment,
 )
 from .fs import Trust, network_mount, resolve_trust
-from .loaders import Loader, resolve_loader
+from .loaders import BatchLoader, Loader, resolve_loader
 from .reader import (
     CacheStore,
     Identity,
@@ -276,6 +276,9 @@ def build_store(
     shard_bytes: int = config.SHARD_BYTES,
     fields: Mapping[str, Field] | Sequence[str] | None = None,
     identity: Identity | None = None,
+    batch_size: int | None = None,
+    prepare: Callable[[str], Any] | None = None,
+    devices: Sequence[str] | None = None,
 ) -> CacheStore:
     """Build a store of one vector (or record) per distinct path, publish it atomically, open it.
 
@@ -344,6 +347,14 @@ def build_store(
         less for a few rows and larger ones make fewer requests. Rows per
         shard are rounded down to keep every shard a whole number of memory
         pages.
+    fields
+        The fields of a store of records; see :func:`cached`.
+    identity
+        What is recorded about each source: ``"stat"`` (default), ``"none"``
+        or a function of the keys giving version tokens; see :func:`cached`.
+    batch_size, prepare, devices
+        For a :class:`BatchLoader` only (``TypeError`` with any other
+        loader); see :func:`cached`.
 
     Returns
     -------
@@ -396,7 +407,9 @@ def build_store(
             "nothing ('none') or version tokens (a function)"
         )
     keys = list(dict.fromkeys(normalize_keys(paths)))
+    batching = _batching(loader, batch_size, prepare, devices, executor)
     options = BuildOptions(
+        **batching,
         loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype),
         dtype=np_dtype,
         workers=workers,
@@ -439,6 +452,9 @@ def cached(
     share_with: str | int | None = None,
     fields: Mapping[str, Field] | Sequence[str] | None = None,
     identity: Identity | None = None,
+    batch_size: int | None = None,
+    prepare: Callable[[str], Any] | None = None,
+    devices: Sequence[str] | None = None,
 ) -> CacheStore:
     """Return a store holding the vector of every path, computing only what is missing.
 
@@ -465,7 +481,10 @@ def cached(
         loader: a function, lambda, closure, ``functools.partial`` or
         callable object, defined anywhere (a script's ``__main__``, a notebook
         cell); see :func:`build_store`. A ``params`` dict attribute becomes
-        part of the fingerprint.
+        part of the fingerprint. A :class:`BatchLoader` computes batches in
+        device workers instead (see ``batch_size``, ``prepare`` and
+        ``devices``); its ``loader_id`` names what ``prepare`` and the
+        loader compute together.
     loader_id
         Required with a custom ``loader`` (unless it has a ``loader_id``
         attribute): a name for what it computes, changed whenever its output
@@ -494,6 +513,23 @@ def cached(
         keys, whose changed tokens make their entries stale. Entries recorded
         under another kind are stale once. Under ``"stat"`` a key that is not a
         file fails its build, saying to pass ``"none"`` or a function.
+    batch_size
+        For a :class:`BatchLoader`: items per call (default 256). A shard's
+        keys go in batches, in key order; the last batch of a shard may be
+        shorter.
+    prepare
+        For a :class:`BatchLoader`: a per-key function ``key -> item`` run
+        in the CPU worker processes (``workers`` of them, as a per-key
+        loader is); its picklable results are the loader's ``items``
+        (default: the keys). When the loader declares no ``item_shape`` and
+        no ``fields=`` are given, the first batch is prepared in this
+        process and its result (kept, never computed again) gives the shape.
+    devices
+        For a :class:`BatchLoader`: the devices it runs on (default
+        ``["cpu"]``): one device worker process per distinct device,
+        started from a clean interpreter (CUDA works there), where the
+        loader's ``setup(device)`` runs once; nothing of the loader runs in
+        this process. Shards go round the devices.
     check
         The older name of ``identity``: ``"stat"`` or ``"hash"`` (``"content"``);
         passing both raises ``TypeError``.
@@ -554,7 +590,9 @@ def cached(
     check_mode("on_stale", on_stale, OnStale)
     np_dtype = np.dtype(dtype).name
     schema, names = normalize_fields(fields)
+    batching = _batching(loader, batch_size, prepare, devices, executor)
     build_options = BuildOptions(
+        **batching,
         loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype, strict=True),
         dtype=np_dtype,
         workers=workers,
@@ -572,6 +610,55 @@ def cached(
         lock_timeout=lock_timeout
     )
     return cached_store(root, keys, options)
+
+
+def _batching(
+    loader: Loader | None,
+    batch_size: int | None,
+    prepare: Callable[[str], Any] | None,
+    devices: Sequence[str] | None,
+    executor: Executor | None,
+) -> dict[str, Any]:
+    """The batch options of a build, checked: none for a loader of one key.
+
+    Raises
+    ------
+    TypeError
+        If ``batch_size``, ``prepare`` or ``devices`` is given with a loader that
+        is not a :class:`BatchLoader`, or ``executor`` with one that is.
+    ValueError
+        If ``batch_size`` is not positive or ``devices`` is empty.
+    """
+    if not isinstance(loader, BatchLoader):
+        given = [name for name, value in (("batch_size", batch_size), ("prepare", prepare),
+                                          ("devices", devices)) if value is not None]
+        if given:
+            raise TypeError(
+                f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a "
+                "tensorstore_cache.BatchLoader, which computes a batch of items at once; the "
+                f"loader {loader!r} computes one key per call. Subclass tsc.BatchLoader, or "
+                f"remove {', '.join(given)}"
+            )
+        return {}
+    if executor is not None:
+        raise TypeError(
+            "executor= runs shard tasks anywhere, but a BatchLoader's device workers run on "
+            "this machine; remove executor= (workers= sets the CPU processes that prepare)"
+        )
+    size = 256 if batch_size is None else batch_size
+    if type(size) is not int or size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if prepare is not None and not callable(prepare):
+        raise TypeError(f"prepare must be a callable key -> item, got {prepare!r}")
+    if isinstance(devices, str):
+        raise TypeError(f"devices must be a list of device names, e.g. [{devices!r}]")
+    names = ["cpu"] if devices is None else list(devices)
+    if not names or not all(isinstance(d, str) and d for d in names):
+        raise ValueError(
+            f"devices must name at least one device (e.g. ['cpu'], ['cuda:0', 'cuda:1']), "
+            f"got {devices!r}"
+        )
+    return {"batch_size": size, "prepare": prepare, "devices": tuple(dict.fromkeys(names))}
 
 
 def verify_store(target: CacheStore | str | os.PathLike[str]) -> VerifyReport:

@@ -68,7 +68,15 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-__all__ = ["LOADER_ID", "ImageLoader", "Loader", "LoaderInfo", "resolve_loader", "to_float32"]
+__all__ = [
+    "LOADER_ID",
+    "BatchLoader",
+    "ImageLoader",
+    "Loader",
+    "LoaderInfo",
+    "resolve_loader",
+    "to_float32",
+]
 
 Loader = Callable[[str], Any]
 """A picklable callable ``path -> array`` of one fixed shape."""
@@ -349,6 +357,50 @@ def _over_white(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     # round((c * a + 255 * (255 - a)) / 255); at most 65152, fits uint16
     blended = ((colour * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
     return blended[..., 0] if blended.shape[-1] == 1 else blended
+
+
+class BatchLoader:
+    """A loader that computes a batch of items at once, in a device worker process.
+
+    Subclass it and define ``__call__(self, items)``: ``items`` is a list of
+    what ``prepare=`` returned for each key (the keys themselves, ``str``,
+    without ``prepare``), in key order; it returns an array whose leading
+    dimension is ``len(items)`` (row ``i`` is item ``i``'s value) or, for a
+    store of records, a dict of field name -> such an array (a ragged field:
+    a list of ``len(items)`` arrays, or a :class:`~tensorstore_cache.Ragged`
+    batch; a text field: a list of ``str``).
+
+    The instance is pickled and sent to one device worker process per
+    distinct device (``devices=``, default ``["cpu"]``), each started from a
+    clean interpreter: CUDA works there. In each, :attr:`device` is set to
+    the device's name and :meth:`setup` is called once, before the first
+    batch: create the model there, not in ``__init__``, so that the calling
+    process never loads it.
+
+    Examples
+    --------
+    >>> class Norms(BatchLoader):
+    ...     def __call__(self, items):
+    ...         return np.array([[len(k)] for k in items], np.float32)
+    >>> Norms()(["a.jpg", "bb.jpg"]).tolist()
+    [[5.0], [6.0]]
+    """
+
+    device: str = "cpu"
+    """The device this worker computes on (set before :meth:`setup` is called)."""
+
+    def setup(self, device: str) -> None:
+        """Prepare to compute on ``device`` (load the model there): once per device worker.
+
+        Does nothing by default.
+        """
+
+    def __call__(self, items: list[Any]) -> Any:
+        """Compute the values of ``items``: one row per item, in order."""
+        raise NotImplementedError(
+            f"{type(self).__qualname__} must define __call__(self, items) returning one row "
+            "per item"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,13 +17,14 @@ time, checks, assembles into chunks, uploads with the index and deletes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import mmap
 import os
 import textwrap
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ from ..fs import (
     remove_tree,
     temp_path,
 )
-from ..loaders import Loader, LoaderInfo
+from ..loaders import BatchLoader, Loader, LoaderInfo
 from ..remote import (
     discard_files,
     discard_upload,
@@ -57,6 +58,8 @@ from ..remote import (
     withdraw_store,
 )
 from .assemble import finish_store, publish, seal
+from .batches import Failure, compute_rows
+from .devices import DeviceStage, device_workers
 from .fields import assemble_fields, drop_rows, prepare_fields, record_spec
 from .records import Schema, check_record, infer_schema, is_record
 from .reentry import building
@@ -120,12 +123,18 @@ class BuildOptions:
     or a tuple with ``names``), whose schema is then inferred from the first."""
     names: tuple[str, ...] | None = None
     """The field names of a loader's tuples, in order."""
+    batch_size: int = 256
+    """A :class:`~tensorstore_cache.loaders.BatchLoader`'s items per batch."""
+    prepare: Callable[[str], Any] | None = None
+    """A batch loader's per-key stage, run in the CPU workers (None: the items are the keys)."""
+    devices: tuple[str, ...] = ("cpu",)
+    """A batch loader's distinct devices: one device worker each."""
 
 
-#: An item computed before the shard tasks run (to learn the item shape): its row, its
-#: value (an array, or a checked record) and its source identity ``(size, mtime_ns, content
-#: hash)`` taken before the read.
-Probed = tuple[int, Any, tuple[int, int, int]]
+#: Items computed before the shard tasks run (to learn the item shape), by row: each one's
+#: value (an array, a checked record, or a :class:`~.batches.Failure` of a batched build) and
+#: its source identity ``(size, mtime_ns, content hash)`` taken before the read.
+Probed = dict[int, tuple[Any, tuple[int, int, int]]]
 
 
 def default_workers() -> int:
@@ -171,7 +180,7 @@ def collect_debris(out: Path, max_age_s: float = 24 * 3600.0, *, any_owner: bool
 def _probe(
     loader: Loader, keys: list[str], options: BuildOptions, label: str
 ) -> tuple[Probed, Schema | None]:
-    """Compute the first item the loader succeeds on: ``((index, value, identity), schema)``.
+    """Compute the first item the loader succeeds on: ``({index: (value, identity)}, schema)``.
 
     A record (a dict, or a tuple with ``names``) gives the schema inferred from
     it (None for a tensor). The value is kept and stored as it is: probing
@@ -195,8 +204,8 @@ def _probe(
             value = loader(key)
             if options.names is not None or is_record(value):
                 schema = infer_schema(key, value, options.names)
-                return (i, check_record(key, value, schema, options.names), identity), schema
-            return (i, check_item(value, dtype, None), identity), None
+                return {i: (check_record(key, value, schema, options.names), identity)}, schema
+            return {i: (check_item(value, dtype, None), identity)}, None
         except Exception as exc:
             failures.append((key, f"{type(exc).__name__}: {exc}", loader_frames(exc)))
     named = [(k, reason) for k, reason, _frames in failures]
@@ -204,10 +213,80 @@ def _probe(
                      named)
 
 
+@contextlib.contextmanager
+def devices_for(options: BuildOptions, keys: list[str]) -> Iterator[DeviceStage | None]:
+    """The device workers of a build by a batch loader (None for a loader of one key, or no
+    key to build), stopped when the block ends."""
+    fn = options.loader.fn
+    if not isinstance(fn, BatchLoader) or not keys:
+        yield None
+        return
+    with device_workers(fn, options.devices, options.prepare, options.batch_size) as stage:
+        yield stage
+
+
+class _Inferred:
+    """Checks the rows of a first batch: the first one that passes gives the schema or shape."""
+
+    def __init__(self, dtype: np.dtype[Any], names: tuple[str, ...] | None) -> None:
+        self.dtype = dtype
+        self.names = names
+        self.schema: Schema | None = None
+        self.shape: tuple[int, ...] | None = None
+
+    def __call__(self, key: str, value: Any) -> Any:
+        if self.schema is not None:
+            return check_record(key, value, self.schema, self.names)
+        if self.shape is not None:
+            return check_item(value, self.dtype, self.shape)
+        if self.names is not None or is_record(value):
+            schema = infer_schema(key, value, self.names)
+            checked = check_record(key, value, schema, self.names)
+            self.schema = schema
+            return checked
+        item = check_item(value, self.dtype, None)
+        self.shape = tuple(item.shape)
+        return item
+
+
+def first_batch(
+    stage: DeviceStage, keys: list[str], options: BuildOptions, label: str
+) -> tuple[Probed, Schema | None, tuple[int, ...] | None]:
+    """Compute batches from the first key on, until one item succeeds; return every item
+    computed (kept, and stored as it is), with the schema or item shape the first success
+    gives. The items are prepared here; the loader runs on the first device worker.
+
+    Raises
+    ------
+    BuildError
+        If every key fails, naming each with its error.
+    """
+    infer = _Inferred(np.dtype(options.dtype), options.names)
+    computed: Probed = {}
+    for start in range(0, len(keys), stage.batch_size):
+        chunk = keys[start : start + stage.batch_size]
+        probe = ShardTask(root="", rel="", keys=chunk, loader=None, dtype="", item_shape=(),
+                          rows_per_shard=1, write_on_failure=False,
+                          hash_sources=options.hash_sources, identity=options.identity,
+                          tokens=_tokens(options, chunk))
+        identities = [source_identity(probe, i, key) for i, key in enumerate(chunk)]
+        rows = compute_rows(stage, chunk, 0, infer, options.names)
+        for i, (row, identity) in enumerate(zip(rows, identities, strict=True)):
+            computed[start + i] = (row, identity)
+        if infer.schema is not None or infer.shape is not None:
+            return computed, infer.schema, infer.shape
+    named = [(keys[i], row.reason) for i, (row, _identity) in computed.items()
+             if isinstance(row, Failure)]
+    frames = [row.frames for row, _identity in computed.values() if isinstance(row, Failure)]
+    raise BuildError(_failure_message(named, len(keys), label, frames), named)
+
+
 def _plan(
-    keys: list[str], options: BuildOptions, label: str
+    keys: list[str], options: BuildOptions, label: str, stage: DeviceStage | None = None
 ) -> tuple[StoreSpec, int, Probed | None]:
-    """Return the spec of the store of ``keys``, the worker count and a probed item (if any)."""
+    """Return the spec of the store of ``keys``, the worker count and the items computed to
+    learn the item shape (if any): the first item the loader succeeds on, or with the
+    ``stage`` of a batch loader (which is never called here) the first batch it succeeds on."""
     np_dtype = np.dtype(options.dtype)
     info = options.loader
     n = len(keys)
@@ -223,9 +302,12 @@ def _plan(
                 "no paths to build and the loader does not declare its item_shape; pass at "
                 "least one path or give the loader an item_shape attribute"
             )
-        probed, schema = _probe(info.fn, keys, options, label)
-        if schema is None:
-            item_shape = probed[1].shape
+        if stage is not None:
+            probed, schema, item_shape = first_batch(stage, keys, options, label)
+        else:
+            probed, schema = _probe(info.fn, keys, options, label)
+            if schema is None:
+                item_shape = next(iter(probed.values()))[0].shape
     if schema is not None:
         spec = record_spec(n, schema, loader_id=info.loader_id, params=info.params,
                            workers=nworkers, shard_bytes=options.shard_bytes)
@@ -280,19 +362,21 @@ def build(
                 f"{str(target)!r} already exists; pass overwrite=True to replace it, or open it "
                 "with tensorstore_cache.open_store"
             )
-        spec, nworkers, probed = _plan(keys, options, str(target))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        collect_debris(target)
-        tmp = temp_dir(target)
-        make_dir(tmp, options.trust, exist_ok=False)
-        try:
-            meta, _sent, hashes = _build_into(
-                tmp, spec, keys, options, workers=nworkers, label=str(target), probed=probed
-            )
-            publish(tmp, target, meta, overwrite=options.overwrite, trust=options.trust)
-        except BaseException:
-            remove_tree(tmp)
-            raise
+        with devices_for(options, keys) as stage:
+            spec, nworkers, probed = _plan(keys, options, str(target), stage)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            collect_debris(target)
+            tmp = temp_dir(target)
+            make_dir(tmp, options.trust, exist_ok=False)
+            try:
+                meta, _sent, hashes = _build_into(
+                    tmp, spec, keys, options, workers=nworkers, label=str(target),
+                    probed=probed, stage=stage,
+                )
+                publish(tmp, target, meta, overwrite=options.overwrite, trust=options.trust)
+            except BaseException:
+                remove_tree(tmp)
+                raise
     return hashes if bool(np.any(hashes != 0)) else None
 
 
@@ -336,15 +420,15 @@ def build_to_url(
     options_dict = dict(storage_options) if storage_options is not None else None
     upload = url if shared_between_processes(url, storage_options) else None
     try:
-        with building(local):
-            spec, nworkers, probed = _plan(keys, options, url)
+        with building(local), devices_for(options, keys) as stage:
+            spec, nworkers, probed = _plan(keys, options, url, stage)
             make_dir(local, options.trust, exist_ok=False)
             if options.overwrite:
                 withdraw_store(url, storage_options=storage_options)
             try:
                 meta, sent, _hashes = _build_into(
                     local, spec, keys, options, workers=nworkers, label=url, probed=probed,
-                    upload=upload, storage_options=options_dict,
+                    upload=upload, storage_options=options_dict, stage=stage,
                 )
                 seal(local, meta, url, options.trust)
                 upload_store(local, url, uploaded=sent, overwrite=options.overwrite,
@@ -375,11 +459,13 @@ def _build_into(
     probed: Probed | None = None,
     upload: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    stage: DeviceStage | None = None,
 ) -> tuple[GroupMetadata, frozenset[str], npt.NDArray[np.uint64]]:
     """Write shards, index and array metadata into ``tmp``; return the group metadata.
 
-    ``label`` names the build's target in messages. ``probed`` is an item
-    computed already (to learn the item shape). With ``upload`` (a URL) the
+    ``label`` names the build's target in messages. ``probed`` holds items
+    computed already (to learn the item shape). ``stage`` is what the tasks of
+    a batch loader run instead of the loader. With ``upload`` (a URL) the
     tasks upload their shards there instead; the shards that are there, not
     in ``tmp``, are returned with the metadata, and so are the content hashes
     of the rows' sources (0: none taken).
@@ -395,7 +481,7 @@ def _build_into(
             root=str(tmp),
             rel=_task_name(spec, fixed, k),
             keys=keys[k * s : (k + 1) * s],
-            loader=options.loader.fn,
+            loader=options.loader.fn if stage is None else stage,
             dtype=spec.dtype or "",
             item_shape=spec.item_shape or (),
             rows_per_shard=s,
@@ -413,9 +499,8 @@ def _build_into(
         )
         for k in range(math.ceil(n / s))
     ]
-    if probed is not None:
-        row, value, identity = probed
-        tasks[row // s].computed[row % s] = (value, identity)
+    for row, done in (probed or {}).items():
+        tasks[row // s].computed[row % s] = done
     results = run_tasks(
         tasks, workers=workers, progress=options.progress, executor=options.executor,
         target=Path(label), n=n, label=options.label,

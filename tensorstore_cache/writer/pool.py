@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
-from ..loaders import Loader
 from .reentry import worker_environment
 from .tasks import ShardResult, ShardTask, run_shard
 
@@ -59,7 +58,7 @@ class WorkerStartError(BrokenExecutor):
     """A pool's worker could not load the build's loader (raised by its tasks)."""
 
 
-def ship_loader(loader: Loader) -> bytes:
+def ship_loader(loader: object) -> bytes:
     """Pickle ``loader`` for the workers: by reference if importable by name, else by value.
 
     Raises
@@ -83,7 +82,7 @@ def ship_loader(loader: Loader) -> bytes:
 
 # -- in a worker ---------------------------------------------------------------------
 
-_loader: Loader | None = None
+_loader: Any = None
 _start_error: str | None = None
 _status_fd: int | None = None
 
@@ -135,6 +134,17 @@ def _status(rel: str) -> None:
     with contextlib.suppress(OSError):
         os.ftruncate(_status_fd, len(data))
         os.pwrite(_status_fd, data, 0)
+
+
+def _serve_pooled(device: str, address: str, authkey: bytes) -> None:
+    """Serve the batches of the build's batch loader on ``device`` until the builder says stop."""
+    if _start_error is not None:
+        raise WorkerStartError(_start_error)
+    from .devices import serve
+
+    _status(f"device {device}")
+    serve(_loader, device, address, authkey)
+    _status("")
 
 
 def _run_pooled(task: ShardTask) -> ShardResult:
@@ -209,17 +219,22 @@ class BuildPool:
     size
         Number of worker processes.
     loader
-        The build's loader, sent to every worker once.
+        The build's loader (or the stage of a batched build), sent to every worker once.
     build_dir
         The build's temporary directory, where :data:`STATUS_DIR` holds the
         workers' status files until :meth:`close` or :meth:`abort`.
+    status_dir
+        Where the status files go instead (created, removed by :meth:`close`
+        or :meth:`abort`): the device workers of a batch loader have their own.
     """
 
-    def __init__(self, size: int, loader: Loader, build_dir: Path) -> None:
+    def __init__(
+        self, size: int, loader: object, build_dir: Path, *, status_dir: Path | None = None
+    ) -> None:
         from loky import ProcessPoolExecutor
 
         payload = ship_loader(loader)
-        status_dir = build_dir / STATUS_DIR
+        status_dir = build_dir / STATUS_DIR if status_dir is None else status_dir
         status_dir.mkdir()
         self._status_dir = status_dir
         self._context = _started_processes_context()
@@ -233,6 +248,12 @@ class BuildPool:
         future: Future[ShardResult] = self._executor.submit(
             _run_pooled, dataclasses.replace(task, loader=None)
         )
+        return future
+
+    def serve(self, device: str, address: str, authkey: bytes) -> Future[None]:
+        """Have one worker serve the loader's batches on ``device`` at ``address`` (a device
+        worker: it takes no other task until the builder tells it to stop)."""
+        future: Future[None] = self._executor.submit(_serve_pooled, device, address, authkey)
         return future
 
     def close(self) -> None:

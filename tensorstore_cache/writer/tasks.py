@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from ..loaders import Loader
 from ..reader import identify
 from ..remote import upload_file
 from .assemble import write_shard_file
+from .batches import Failure, Row, compute_rows
+from .devices import DeviceStage
 from .ragged import ragged_values
 from .records import Schema, check_record
 
@@ -39,6 +42,7 @@ __all__ = [
     "ShardResult",
     "ShardTask",
     "check_item",
+    "compute",
     "load_item",
     "loader_frames",
     "run_path",
@@ -107,7 +111,7 @@ class ShardTask:
     root: str
     rel: str
     keys: list[str]
-    loader: Loader | None
+    loader: Loader | DeviceStage | None
     dtype: str
     item_shape: tuple[int, ...]
     rows_per_shard: int
@@ -160,10 +164,11 @@ def loader_frames(exc: BaseException) -> str:
     return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()
 
 
-def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
+def run_shard(task: ShardTask, loader: Loader | DeviceStage | None = None) -> ShardResult:
     """Decode every key of one shard and write the shard file (in a worker).
 
-    ``loader`` is used instead of ``task.loader`` when given.
+    ``loader`` is used instead of ``task.loader`` when given: a loader of
+    one key, or the :class:`~.devices.DeviceStage` of a batched build.
     """
     fn = loader if loader is not None else task.loader
     if fn is None:
@@ -173,18 +178,8 @@ def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
     dtype = np.dtype(task.dtype)
     block = np.zeros((len(task.keys), *task.item_shape), dtype=dtype)
     result = ShardResult(task.rel)
-    for i, key in enumerate(task.keys):
-        done = task.computed.get(i)
-        size, mtime, digest = done[1] if done is not None else source_identity(task, i, key)
-        result.source_size.append(size)
-        result.source_mtime_ns.append(mtime)
-        result.source_hash.append(digest)
-        try:
-            block[i] = load_item(fn, key, dtype, task.item_shape) if done is None else done[0]
-            if size < 0 and task.identity == "stat":
-                raise NotAFileError(key)
-        except Exception as exc:  # every failure is reported, none stops the build
-            result.failures.append((i, f"{type(exc).__name__}: {exc}", loader_frames(exc)))
+    compute(task, fn, lambda key, value: check_item(value, dtype, task.item_shape),
+            block.__setitem__, result)
     if result.failures and not task.write_on_failure:
         return result
     if task.upload is None:
@@ -201,6 +196,58 @@ def run_shard(task: ShardTask, loader: Loader | None = None) -> ShardResult:
         upload_file(Path(scratch) / task.rel, task.upload, task.rel,
                     storage_options=task.storage_options)
     return result
+
+
+def compute(
+    task: ShardTask,
+    fn: Loader | DeviceStage,
+    check: Callable[[str, Any], Any],
+    keep: Callable[[int, Any], None],
+    result: ShardResult,
+) -> None:
+    """Compute every row of ``task`` and hand each value, checked by ``check(key, value)``,
+    to ``keep(row, value)``, in row order; note each row's source identity (taken before
+    it is read) and each failure in ``result``.
+
+    ``fn`` is a loader of one key, or the stage of a batched build: the keys not
+    computed already go to a device worker in batches.
+    """
+    batched: dict[int, Row] = {}
+    if isinstance(fn, DeviceStage):
+        identities = [task.computed[i][1] if i in task.computed else
+                      source_identity(task, i, key) for i, key in enumerate(task.keys)]
+        todo = [i for i in range(len(task.keys)) if i not in task.computed]
+        rows = compute_rows(fn, [task.keys[i] for i in todo], fn.device_of(task.k), check,
+                            task.names)
+        batched = dict(zip(todo, rows, strict=True))
+    for i, key in enumerate(task.keys):
+        done = task.computed.get(i)
+        if done is not None:
+            identity = done[1]
+        elif isinstance(fn, DeviceStage):
+            identity = identities[i]
+        else:
+            identity = source_identity(task, i, key)
+        size, mtime, digest = identity
+        result.source_size.append(size)
+        result.source_mtime_ns.append(mtime)
+        result.source_hash.append(digest)
+        try:
+            if done is not None:
+                row = done[0]
+            elif isinstance(fn, DeviceStage):
+                row = batched[i]
+            else:
+                row = check(key, fn(key))
+            if isinstance(row, Failure):
+                result.failures.append((i, row.reason, row.frames))
+                continue
+            if size < 0 and task.identity == "stat":
+                raise NotAFileError(key)
+        except Exception as exc:  # every failure is reported, none stops the build
+            result.failures.append((i, f"{type(exc).__name__}: {exc}", loader_frames(exc)))
+            continue
+        keep(i, row)
 
 
 class NotAFileError(ValueError):
@@ -230,7 +277,7 @@ def run_path(root: Path, name: str, k: int) -> Path:
     return root / RUNS / name / str(k)
 
 
-def _run_records(task: ShardTask, fn: Loader, schema: Schema) -> ShardResult:
+def _run_records(task: ShardTask, fn: Loader | DeviceStage, schema: Schema) -> ShardResult:
     """Load and check every record of one shard; write its fixed shards and ragged runs."""
     result = ShardResult(task.rel)
     m = len(task.keys)
@@ -238,23 +285,16 @@ def _run_records(task: ShardTask, fn: Loader, schema: Schema) -> ShardResult:
     ragged: dict[str, list[npt.NDArray[Any]]] = {
         name: [] for name, f in schema if not isinstance(f, Fixed)
     }
-    for i, key in enumerate(task.keys):
-        done = task.computed.get(i)
-        size, mtime, digest = done[1] if done is not None else source_identity(task, i, key)
-        result.source_size.append(size)
-        result.source_mtime_ns.append(mtime)
-        result.source_hash.append(digest)
-        try:
-            record = check_record(key, fn(key), schema, task.names) if done is None else done[0]
-            if size < 0 and task.identity == "stat":
-                raise NotAFileError(key)
-        except Exception as exc:  # every failure is reported, none stops the build
-            result.failures.append((i, f"{type(exc).__name__}: {exc}", loader_frames(exc)))
-            continue
+
+    def keep(i: int, record: Any, fixed: dict[str, npt.NDArray[Any]] = fixed,
+             ragged: dict[str, list[npt.NDArray[Any]]] = ragged) -> None:
         for name, block in fixed.items():
             block[i] = record[name]
-        for name, rows in ragged.items():
-            rows.append(record[name])
+        for name, values in ragged.items():
+            values.append(record[name])
+
+    compute(task, fn, lambda key, value: check_record(key, value, schema, task.names), keep,
+            result)
     if result.failures and not task.write_on_failure:
         return result
     if task.upload is None:

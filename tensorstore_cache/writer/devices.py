@@ -1,0 +1,267 @@
+"""Device workers: the processes that run a batch loader, one per distinct device.
+
+A :class:`~tensorstore_cache.loaders.BatchLoader` is not sent to the build's
+CPU workers: they run ``prepare`` on their keys and send the prepared items,
+a batch at a time, to a device worker. Device workers are workers of a
+:class:`~.pool.BuildPool` of their own (started from a clean interpreter,
+so CUDA works in them; exiting with their builder), each of which sets
+the loader's ``device``, calls its ``setup`` once and then serves batches
+until the builder says stop. The calling process never unpickles the
+loader's model: it imports nothing the loader's ``setup`` imports.
+
+A device worker listens on a Unix socket (:mod:`multiprocessing.connection`,
+authenticated by a key only the build's processes know). Every connection
+has a reader thread that queues its requests; the worker computes them one
+at a time, in the order they came, and answers each on its connection. A
+CPU worker keeps one batch queued behind the one computing, so the device
+does not wait for ``prepare``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from ..errors import BuildError
+from ..loaders import BatchLoader
+
+__all__ = ["DeviceStage", "device_workers", "serve"]
+
+#: How long the builder waits for its device workers to listen (seconds).
+START_TIMEOUT_S = 600.0
+#: How many of the loader's own frames a failure reports.
+TRACE_FRAMES = 3
+
+
+@dataclass(slots=True)
+class DeviceStage:
+    """What the CPU workers of a batched build run: ``prepare`` here, the loader on a device.
+
+    Sent to every CPU worker (pickled with ``prepare``, not the loader). Each
+    process opens its own connection to a device worker when it first sends
+    it a batch.
+    """
+
+    prepare: Callable[[str], Any] | None
+    """The per-key stage run in the CPU workers (None: the items are the keys)."""
+    batch_size: int
+    """Items per batch (fewer at the end of a shard)."""
+    devices: tuple[str, ...]
+    """The distinct devices, one worker each."""
+    addresses: tuple[str, ...]
+    """Each device worker's socket."""
+    authkey: bytes
+    """The key a connection proves it belongs to this build with."""
+    _conns: dict[int, Connection] = field(default_factory=dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"prepare": self.prepare, "batch_size": self.batch_size,
+                "devices": self.devices, "addresses": self.addresses, "authkey": self.authkey}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_conns", {})
+
+    def device_of(self, k: int) -> int:
+        """The device worker of shard task ``k`` (shards go round the devices)."""
+        return k % len(self.devices)
+
+    def send(self, d: int, items: list[Any]) -> None:
+        """Queue a batch of ``items`` on device worker ``d``."""
+        try:
+            self._conn(d).send(items)
+        except (OSError, EOFError) as exc:
+            raise self._died(d, exc) from None
+
+    def receive(self, d: int) -> tuple[str, Any, str]:
+        """The answer to the oldest batch queued on device worker ``d``:
+        ``("ok", result, "")`` or ``("error", "Type: message", the loader's frames)``.
+
+        Raises
+        ------
+        BuildError
+            If the device worker's ``setup`` failed, or the worker died.
+        """
+        try:
+            kind, value, frames = self._conn(d).recv()
+        except (OSError, EOFError) as exc:
+            raise self._died(d, exc) from None
+        if kind == "setup":
+            raise BuildError(
+                f"the batch loader's setup({self.devices[d]!r}) failed in its device worker, "
+                f"so nothing was published: {value}" + (f"\n{frames}" if frames else "")
+            )
+        return kind, value, frames
+
+    def close(self) -> None:
+        """Close this process's connections."""
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    def _conn(self, d: int) -> Connection:
+        conn = self._conns.get(d)
+        if conn is None:
+            conn = Client(self.addresses[d], family="AF_UNIX", authkey=self.authkey)
+            self._conns[d] = conn
+        return conn
+
+    def _died(self, d: int, exc: BaseException) -> BuildError:
+        self._conns.pop(d, None)
+        return BuildError(
+            f"the device worker of {self.devices[d]!r} stopped answering "
+            f"({type(exc).__name__}: {exc}), so nothing was published; it died (out of memory, "
+            "a crash in native code, killed) or could not start"
+        )
+
+
+def _as_numpy(value: Any) -> Any:
+    """A batch's result with tensors of any framework as NumPy arrays (a dict: each field)."""
+    if isinstance(value, dict):
+        return {name: _as_numpy(v) for name, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_numpy(v) for v in value)
+    detach = getattr(value, "detach", None)
+    if callable(detach):  # a torch tensor, possibly on a GPU: bring it home
+        return detach().cpu().numpy()
+    return value
+
+
+def _frames(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+    return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()
+
+
+def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
+    """In a device worker: set the loader up on ``device``, then compute the batches sent to
+    ``address`` until a connection sends ``None``."""
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    requests: queue.Queue[tuple[Connection, Any]] = queue.Queue()
+
+    def read(conn: Connection) -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (OSError, EOFError):
+                return
+            requests.put((conn, message))
+
+    def accept() -> None:
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return
+            except Exception:  # a connection that failed authentication: ignore it
+                continue
+            threading.Thread(target=read, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, name="tsc-device-accept", daemon=True).start()
+    failed: tuple[str, str] | None = None
+    try:
+        if not isinstance(loader, BatchLoader):
+            raise TypeError(f"{loader!r} is not a tensorstore_cache.BatchLoader")
+        loader.device = device
+        loader.setup(device)
+    except Exception as exc:
+        failed = (f"{type(exc).__name__}: {exc}", _frames(exc))
+    try:
+        while True:
+            conn, items = requests.get()
+            if items is None:
+                break
+            if failed is not None:
+                reply: tuple[str, Any, str] = ("setup", *failed)
+            else:
+                try:
+                    reply = ("ok", _as_numpy(loader(items)), "")
+                except Exception as exc:  # the CPU worker retries the batch key by key
+                    reply = ("error", f"{type(exc).__name__}: {exc}", _frames(exc))
+            with contextlib.suppress(OSError):
+                conn.send(reply)
+    finally:
+        listener.close()
+
+
+@contextlib.contextmanager
+def device_workers(
+    loader: BatchLoader, devices: tuple[str, ...], prepare: Callable[[str], Any] | None,
+    batch_size: int,
+) -> Iterator[DeviceStage]:
+    """Start one device worker per device; yield the stage the CPU workers run; stop them.
+
+    Returns once every worker listens (its ``setup`` may still run: batches
+    wait for it).
+
+    Raises
+    ------
+    BuildError
+        If a device worker could not start (its loader does not unpickle).
+    """
+    from .pool import BuildPool  # which runs serve(): imported when a build starts devices
+
+    scratch = Path(tempfile.mkdtemp(prefix="tsc-dev-"))  # short: a socket path has 107 bytes
+    os.chmod(scratch, 0o700)
+    addresses = tuple(str(scratch / f"{d}.sock") for d in range(len(devices)))
+    authkey = secrets.token_bytes(32)
+    try:
+        pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status")
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    stage = DeviceStage(prepare, batch_size, devices, addresses, authkey)
+    try:
+        futures = [pool.serve(device, address, authkey)
+                   for device, address in zip(devices, addresses, strict=True)]
+        _wait_listening(futures, addresses, devices)
+        yield stage
+        stage.close()
+        for address in addresses:
+            with Client(address, family="AF_UNIX", authkey=authkey) as conn:
+                conn.send(None)
+        for future in futures:
+            future.result()
+    except BaseException:
+        stage.close()
+        pool.abort()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    pool.close()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _wait_listening(
+    futures: list[Future[None]], addresses: tuple[str, ...], devices: tuple[str, ...]
+) -> None:
+    """Wait until every device worker listens at its address, or raise why one never will."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for future, address, device in zip(futures, addresses, devices, strict=True):
+        while not os.path.exists(address):
+            if future.done():
+                exc = future.exception()
+                raise BuildError(
+                    f"the device worker of {device!r} could not start, so nothing was "
+                    f"published: {type(exc).__name__}: {exc}\nA loader that can be imported by "
+                    "name is sent to it by reference: its module must import in a fresh Python "
+                    "process (installed, or on sys.path) and must not fail at import"
+                )
+            if time.monotonic() > deadline:
+                raise BuildError(
+                    f"the device worker of {device!r} did not start within "
+                    f"{START_TIMEOUT_S:.0f} s; nothing was published"
+                )
+            time.sleep(0.01)

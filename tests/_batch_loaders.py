@@ -1,0 +1,123 @@
+"""Batch loaders for the batched-build tests (importable by the device worker processes).
+
+Every call is logged, one ``O_APPEND`` line per event, in a directory given to
+the loader: ``setup <pid> <device>``, ``batch <pid> <n> <first item>``,
+``prepare <pid> <key>``; :mod:`tests._batch_model`, which the loaders import
+in ``setup`` only, logs ``import <pid>`` when it is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tensorstore_cache as tsc
+from benchmarks.embed_model import CoverEmbed
+
+
+def log(where: str | os.PathLike[str], line: str) -> None:
+    """Append one line to ``<where>/log``."""
+    fd = os.open(Path(where) / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def events(where: str | os.PathLike[str], kind: str) -> list[list[str]]:
+    """The logged events of ``kind``, each as its words after the kind."""
+    path = Path(where) / "log"
+    if not path.exists():
+        return []
+    return [line.split(" ")[1:] for line in path.read_text().splitlines()
+            if line.split(" ")[0] == kind]
+
+
+def value_of(item: str) -> np.ndarray:
+    """What :class:`Embed` computes for one item (a key, or a prepared key)."""
+    h = sum(ord(c) * (i + 1) for i, c in enumerate(item))
+    return np.array([len(item), h % 997, h % 13, 1.0], np.float32)
+
+
+class Embed(tsc.BatchLoader):
+    """One vector per item (:func:`value_of`); raises on a batch holding an item with ``bad``."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.model: Any = None
+
+    def setup(self, device: str) -> None:
+        from . import _batch_model
+
+        self.model = _batch_model.MODEL
+        log(self.where, f"setup {os.getpid()} {device} {self.device}")
+
+    def __call__(self, items: list[Any]) -> Any:
+        log(self.where, f"batch {os.getpid()} {len(items)} {items[0]}")
+        if any("bad" in str(item) for item in items):
+            raise ValueError(f"a bad item among {len(items)}")
+        return np.stack([value_of(str(item)) for item in items])
+
+
+class Prepare:
+    """A ``prepare`` that logs where it runs and appends ``!`` to the key."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __call__(self, key: str) -> str:
+        log(self.where, f"prepare {os.getpid()} {key}")
+        if "unprepared" in key:
+            raise OSError(f"cannot prepare {key}")
+        return key + "!"
+
+
+class ShortBatches(Embed):
+    """Returns one row too few for a batch holding ``k5``."""
+
+    def __call__(self, items: list[Any]) -> Any:
+        rows = super().__call__(items)
+        return rows[:-1] if "k5" in items else rows
+
+
+class Records(Embed):
+    """A record per item: a fixed ``vec`` and a ragged ``ids`` (as a list, or a
+    :class:`tsc.Ragged` batch with ``as_ragged``)."""
+
+    def __init__(self, where: str, as_ragged: bool = False) -> None:
+        super().__init__(where)
+        self.as_ragged = as_ragged
+
+    def __call__(self, items: list[Any]) -> Any:
+        vec = super().__call__(items)
+        ids = [np.arange(len(str(item)) % 5 + 1, dtype=np.int32) for item in items]
+        return {"vec": vec, "ids": tsc.Ragged.from_rows(ids, "int32") if self.as_ragged else ids}
+
+
+class FailingSetup(tsc.BatchLoader):
+    """Its setup raises."""
+
+    def setup(self, device: str) -> None:
+        raise RuntimeError(f"no such device {device}")
+
+    def __call__(self, items: list[Any]) -> Any:
+        return np.zeros((len(items), 2), np.float32)
+
+
+class LoggedCoverEmbed(CoverEmbed):
+    """The benchmark's CNN, logging every batch."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(threads=1)
+        self.where = where
+
+    def setup(self, device: str) -> None:
+        log(self.where, f"setup {os.getpid()} {device} {self.device}")
+        super().setup(device)
+
+    def __call__(self, items: list[Any]) -> Any:
+        log(self.where, f"batch {os.getpid()} {len(items)} -")
+        return super().__call__(items)

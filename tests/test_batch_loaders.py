@@ -1,0 +1,190 @@
+"""Batch loaders: batches computed in device workers (``devices=["cpu"]`` runs the whole path).
+
+Real processes throughout: the CPU workers, the device workers and, for the
+model, four racing processes. The loaders of :mod:`._batch_loaders` log every
+setup, batch and prepare with the pid, so the tests count where and how often
+each ran.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorstore_cache as tsc
+
+from ._batch_loaders import (
+    Embed,
+    FailingSetup,
+    LoggedCoverEmbed,
+    Prepare,
+    Records,
+    ShortBatches,
+    events,
+    value_of,
+)
+from .conftest import write_images
+
+JOIN_S = 180  # a guard against hangs, not a timing assertion
+
+
+@pytest.fixture
+def where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    out = tmp_path / "log"
+    out.mkdir()
+    monkeypatch.setenv("TSC_TEST_MODEL_LOG", str(out))
+    monkeypatch.setenv("TSC_CACHE_DIR", str(tmp_path / "cache"))
+    return str(out)
+
+
+def _keys(n: int) -> list[str]:
+    return [f"k{i}" for i in range(n)]
+
+
+def test_setup_once_per_device_worker_never_here_and_prepare_in_the_cpu_workers(
+    tmp_path: Path, where: str
+) -> None:
+    keys = _keys(300)
+    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=Embed(where), loader_id="t/1",
+                            identity="none", prepare=Prepare(where), batch_size=16,
+                            devices=["dev0", "dev1", "dev0"], workers=2, progress=False)
+    # order kept, each key computed from its prepared item
+    np.testing.assert_array_equal(store.stack(keys), np.stack([value_of(k + "!") for k in keys]))
+    setups = events(where, "setup")
+    assert sorted(device for _pid, device, _attr in setups) == ["dev0", "dev1"]
+    assert all(device == attr for _pid, device, attr in setups)  # self.device set before setup
+    device_pids = {int(pid) for pid, _d, _a in setups}
+    assert len(device_pids) == 2 and os.getpid() not in device_pids
+    # the model's module: imported in the device workers only, never here
+    assert "tests._batch_model" not in sys.modules
+    assert {int(pid) for pid, in events(where, "import")} == device_pids
+    batches = events(where, "batch")
+    assert {int(pid) for pid, _n, _first in batches} == device_pids
+    assert sum(int(n) for _pid, n, _first in batches) == len(keys)  # each key once
+    assert max(int(n) for _pid, n, _first in batches) == 16
+    prepared = Counter(key for _pid, key in events(where, "prepare"))
+    assert prepared == Counter(keys)
+    prepare_pids = {int(pid) for pid, _key in events(where, "prepare")}
+    assert not prepare_pids & device_pids
+    assert prepare_pids - {os.getpid()}  # the CPU pool prepared some
+
+
+def test_a_failing_batch_is_retried_key_by_key(tmp_path: Path, where: str) -> None:
+    keys = _keys(40)
+    keys[3], keys[17] = "bad3", "bad17"
+    with pytest.raises(tsc.BuildError) as err:
+        tsc.build_store(keys, tmp_path / "s.tsc", loader=Embed(where), loader_id="t/1",
+                        identity="none", batch_size=8, workers=1, progress=False)
+    assert [k for k, _r in err.value.failures] == ["bad3", "bad17"]
+    assert all("ValueError: a bad item among 1" in r for _k, r in err.value.failures)
+    store = tsc.build_store([*keys, "unprepared"], tmp_path / "t.tsc", loader=Embed(where),
+                            loader_id="t/1", identity="none", batch_size=8, workers=1,
+                            prepare=Prepare(where), on_error="skip", progress=False)
+    assert [k for k, _r in store.spec.skipped] == ["bad3", "bad17", "unprepared"]
+    assert "OSError: cannot prepare unprepared" in store.spec.skipped[2][1]
+    good = [k for k in keys if "bad" not in k]
+    np.testing.assert_array_equal(store.stack(good), np.stack([value_of(k + "!") for k in good]))
+
+
+def test_wrong_number_of_rows_names_the_batch_first_key(tmp_path: Path, where: str) -> None:
+    with pytest.raises(tsc.BuildError, match=r"leading dimension 3 .* batch of 4 items from 'k4'"):
+        tsc.build_store(_keys(12), tmp_path / "s.tsc", loader=ShortBatches(where),
+                        loader_id="t/1", identity="none", batch_size=4, workers=1,
+                        progress=False)
+    assert not (tmp_path / "s.tsc").exists()
+
+
+def test_setup_failure_is_a_build_error(tmp_path: Path) -> None:
+    with pytest.raises(tsc.BuildError, match=r"setup\('cpu'\) failed .*no such device cpu"):
+        tsc.build_store(_keys(4), tmp_path / "s.tsc", loader=FailingSetup(), loader_id="t/1",
+                        identity="none", workers=1, progress=False)
+
+
+@pytest.mark.parametrize("as_ragged", [False, True])
+def test_records_with_a_ragged_field(tmp_path: Path, where: str, as_ragged: bool) -> None:
+    keys = _keys(30)
+    fields = {"vec": tsc.Fixed((4,), "float32"), "ids": tsc.Ragged("int32")}
+    store = tsc.cached(keys, loader=Records(where, as_ragged), loader_id="t.rec/1",
+                       identity="none", fields=fields, batch_size=7, workers=1,
+                       progress=False)
+    for key in keys:
+        record = store[key]
+        np.testing.assert_array_equal(record["vec"], value_of(key))
+        np.testing.assert_array_equal(record["ids"], np.arange(len(key) % 5 + 1))
+    assert sum(int(n) for _pid, n, _first in events(where, "batch")) == len(keys)
+
+
+def test_the_schema_comes_from_the_first_batch_computed_once(tmp_path: Path, where: str) -> None:
+    keys = _keys(20)  # k0..k9 get 3 ids, k10..k19 get 4
+    with pytest.raises(tsc.BuildError) as err:  # inferred from k0's record: both fields fixed
+        tsc.cached(keys, loader=Records(where), loader_id="t.rec/2", identity="none",
+                   fields=("vec", "ids"), batch_size=8, workers=1, progress=False)
+    assert [k for k, _r in err.value.failures] == keys[10:]
+    assert "field 'ids' must have shape (3,)" in err.value.failures[0][1]
+    store = tsc.cached(keys, loader=Embed(where), loader_id="t.vec/1", identity="none",
+                       batch_size=8, workers=1, progress=False)
+    assert store.spec.item_shape == (4,)
+    # the first batch, which gave the shape, was stored as computed: no key twice
+    assert sum(int(n) for _pid, n, _first in events(where, "batch")) == 2 * len(keys)
+
+
+def test_batch_options_belong_to_batch_loaders(tmp_path: Path, where: str) -> None:
+    out = tmp_path / "s.tsc"
+    with pytest.raises(TypeError, match=r"batch_size applies to a tensorstore_cache\.BatchLoader"):
+        tsc.build_store(["a"], out, loader=value_of, batch_size=4)
+    with pytest.raises(TypeError, match="prepare, devices apply"):
+        tsc.cached(["a"], prepare=str, devices=["cpu"])
+    with pytest.raises(TypeError, match="executor="):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            tsc.cached(["a"], loader=Embed(where), loader_id="t/1", executor=pool)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        tsc.cached(["a"], loader=Embed(where), loader_id="t/1", batch_size=0)
+    with pytest.raises(ValueError, match="devices must name at least one device"):
+        tsc.cached(["a"], loader=Embed(where), loader_id="t/1", devices=[])
+    assert not out.exists() and events(where, "setup") == []
+
+
+def _racer(cache: str, paths: list[str], where: str, barrier: Any, out: str) -> None:
+    from benchmarks.embed_model import decode
+
+    barrier.wait()
+    store = tsc.cached(paths, cache_dir=cache, loader=LoggedCoverEmbed(where), prepare=decode,
+                       batch_size=16, workers=1, progress=False)
+    np.save(out, store.stack(paths))
+
+
+def test_a_real_model_raced_by_four_processes(tmp_path: Path, where: str) -> None:
+    paths = write_images(tmp_path / "covers", 48)
+    ctx: Any = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_racer, args=(str(tmp_path / "cache"), paths, where, barrier,
+                                               str(tmp_path / f"out{i}.npy")))
+             for i in range(4)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(JOIN_S)
+            assert p.exitcode == 0, f"racer exited with {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    outs = [np.load(tmp_path / f"out{i}.npy") for i in range(4)]
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])  # every process reads the same vectors
+    assert outs[0].shape == (48, 128) and outs[0].dtype == np.float32
+    assert len(events(where, "setup")) == 1  # one build, one device worker
+    assert sum(int(n) for _pid, n, _first in events(where, "batch")) == len(paths)
+    from benchmarks.embed_model import embed
+
+    np.testing.assert_allclose(outs[0], embed(paths), rtol=1e-4, atol=1e-5)

@@ -263,7 +263,7 @@ def build_store(
     *,
     size: tuple[int, int] = (32, 32),
     dtype: str = "float32",
-    loader: Loader | None = None,
+    loader: Loader | BatchLoader | None = None,
     loader_id: str | None = None,
     workers: int | None = None,
     on_error: OnError = "raise",
@@ -440,7 +440,7 @@ def cached(
     cache_dir: str | os.PathLike[str] | None = None,
     size: tuple[int, int] = (32, 32),
     dtype: str = "float32",
-    loader: Loader | None = None,
+    loader: Loader | BatchLoader | None = None,
     loader_id: str | None = None,
     workers: int | None = None,
     on_error: OnError = "raise",
@@ -613,7 +613,7 @@ def cached(
 
 
 def _batching(
-    loader: Loader | None,
+    loader: Loader | BatchLoader | None,
     batch_size: int | None,
     prepare: Callable[[str], Any] | None,
     devices: Sequence[str] | None,

@@ -407,8 +407,8 @@ class BatchLoader:
 class LoaderInfo:
     """A loader and what identifies its output (recorded in every store it builds)."""
 
-    fn: Loader
-    """The callable ``path -> array``."""
+    fn: Loader | BatchLoader
+    """The callable ``path -> array``, or a batch loader."""
     loader_id: str
     """Name of what it computes, e.g. ``"tensorstore_cache.image/1"``."""
     params: dict[str, Any]
@@ -418,7 +418,7 @@ class LoaderInfo:
 
 
 def resolve_loader(
-    loader: Loader | None,
+    loader: Loader | BatchLoader | None,
     *,
     loader_id: str | None = None,
     size: tuple[int, int] = (32, 32),

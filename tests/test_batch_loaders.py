@@ -110,7 +110,8 @@ def test_setup_failure_is_a_build_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("as_ragged", [False, True])
 def test_records_with_a_ragged_field(tmp_path: Path, where: str, as_ragged: bool) -> None:
     keys = _keys(30)
-    fields = {"vec": tsc.Fixed((4,), "float32"), "ids": tsc.Ragged("int32")}
+    fields: dict[str, tsc.Fixed | tsc.Ragged] = {"vec": tsc.Fixed((4,), "float32"),
+                                                  "ids": tsc.Ragged("int32")}
     store = tsc.cached(keys, loader=Records(where, as_ragged), loader_id="t.rec/1",
                        identity="none", fields=fields, batch_size=7, workers=1,
                        progress=False)

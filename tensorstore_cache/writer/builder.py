@@ -225,6 +225,13 @@ def devices_for(options: BuildOptions, keys: list[str]) -> Iterator[DeviceStage 
         yield stage
 
 
+def _per_key(fn: Loader | BatchLoader) -> Loader:
+    """A loader of one key (a batch loader is called by its device workers only)."""
+    if isinstance(fn, BatchLoader):
+        raise TypeError(f"{fn!r} is a BatchLoader: it runs in the build's device workers")
+    return fn
+
+
 class _Inferred:
     """Checks the rows of a first batch: the first one that passes gives the schema or shape."""
 
@@ -305,7 +312,7 @@ def _plan(
         if stage is not None:
             probed, schema, item_shape = first_batch(stage, keys, options, label)
         else:
-            probed, schema = _probe(info.fn, keys, options, label)
+            probed, schema = _probe(_per_key(info.fn), keys, options, label)
             if schema is None:
                 item_shape = next(iter(probed.values()))[0].shape
     if schema is not None:
@@ -481,7 +488,7 @@ def _build_into(
             root=str(tmp),
             rel=_task_name(spec, fixed, k),
             keys=keys[k * s : (k + 1) * s],
-            loader=options.loader.fn if stage is None else stage,
+            loader=_per_key(options.loader.fn) if stage is None else stage,
             dtype=spec.dtype or "",
             item_shape=spec.item_shape or (),
             rows_per_shard=s,

@@ -38,7 +38,7 @@ def decode(path: str) -> npt.NDArray[np.uint8]:
 
 def make_model(device: str = "cpu") -> Any:
     """The CNN with its seeded weights, in eval mode, on ``device``: 4 convolutions of
-    stride 2 (3 -> 32 -> 64 -> 128 -> 128 channels, 64 -> 4 pixels), a global average
+    stride 2 (3 -> 16 -> 32 -> 64 -> 128 channels, 64 -> 4 pixels), a global average
     and a linear layer to 128."""
     import torch
     from torch import nn
@@ -47,7 +47,7 @@ def make_model(device: str = "cpu") -> Any:
     torch.manual_seed(SEED)
     try:
         layers: list[nn.Module] = []
-        channels = [3, 32, 64, 128, 128]
+        channels = [3, 16, 32, 64, 128]
         for cin, cout in itertools.pairwise(channels):
             layers += [nn.Conv2d(cin, cout, 3, stride=2, padding=1), nn.ReLU()]
         model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, DIM))
@@ -74,6 +74,48 @@ def embed(paths: list[str], batch_size: int = 256) -> npt.NDArray[np.float32]:
     return np.concatenate(parts) if parts else np.empty((0, DIM), np.float32)
 
 
+def _threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+class PerItem:
+    """The same embedding as a loader of one path (today's per-item API): each worker
+    process builds the model at its first call."""
+
+    loader_id = LOADER_ID + "+per-item"
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+        self.model: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"threads": self.threads, "model": None}
+
+    def __call__(self, path: str) -> npt.NDArray[np.float32]:
+        """The embedding of one cover."""
+        if self.model is None:
+            _threads(self.threads)
+            self.model = make_model()
+        out: npt.NDArray[np.float32] = forward(self.model, [decode(path)], "cpu")[0]
+        return out
+
+
+_HF_MODEL: Any = None
+
+
+def hf_embed(batch: dict[str, list[str]], threads: int | None = None) -> dict[str, Any]:
+    """The function of Hugging Face ``datasets.map(batched=True)``: decode and embed a batch
+    of paths (each process builds the model at its first batch)."""
+    global _HF_MODEL
+    if _HF_MODEL is None:
+        _threads(threads)
+        _HF_MODEL = make_model()
+    return {"emb": forward(_HF_MODEL, [decode(p) for p in batch["path"]], "cpu")}
+
+
 class CoverEmbed(tsc.BatchLoader):
     """The CNN as a batch loader: items are :func:`decode`'s pixels (``prepare=decode``).
 
@@ -88,10 +130,7 @@ class CoverEmbed(tsc.BatchLoader):
 
     def setup(self, device: str) -> None:
         """Build the model on ``device``."""
-        if self.threads is not None:
-            import torch
-
-            torch.set_num_threads(self.threads)
+        _threads(self.threads)
         self.model = make_model(device)
 
     def __call__(self, items: list[Any]) -> npt.NDArray[np.float32]:

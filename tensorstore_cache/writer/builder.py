@@ -146,23 +146,34 @@ def default_workers() -> int:
 
 
 def rows_per_shard(
-    n: int, item_nbytes: int, workers: int, shard_bytes: int = config.SHARD_BYTES
+    n: int, item_nbytes: int, workers: int, shard_bytes: int = config.SHARD_BYTES,
+    batch: int = 1,
 ) -> int:
     """Return the shard length of a store of ``n`` items built by ``workers`` processes.
 
     At most ``shard_bytes`` of rows (at least one row), fewer for small
     builds so that each worker gets about 8 shards (never fewer than 64
-    rows), rounded down to a multiple of ``PAGE / gcd(item_nbytes, PAGE)``
-    rows when there are that many, so that every shard's data region is a
-    whole number of pages (the reader lays shards side by side in one
-    mapping only then).
+    rows, nor than one ``batch`` of a batch loader), rounded down to a
+    multiple of ``PAGE / gcd(item_nbytes, PAGE)`` rows when there are that
+    many, so that every shard's data region is a whole number of pages (the
+    reader lays shards side by side in one mapping only then), and to a
+    multiple of ``batch`` too when there are that many, so that batches are
+    whole.
+
+    Examples
+    --------
+    >>> rows_per_shard(20_000, 512, 2), rows_per_shard(20_000, 512, 2, batch=256)
+    (1248, 1024)
     """
     item = max(item_nbytes, 1)
     cap = max(1, shard_bytes // item)
     # ~8 shards per worker so that work balances at the end and progress moves, but no
     # tiny shards
-    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64))))
+    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64), min(n, batch))))
     unit = mmap.PAGESIZE // math.gcd(item, mmap.PAGESIZE)
+    whole = math.lcm(unit, batch)
+    if batch > 1 and rows >= whole:
+        return rows // whole * whole
     return rows // unit * unit if rows >= unit else rows
 
 
@@ -317,7 +328,8 @@ def _plan(
                 item_shape = next(iter(probed.values()))[0].shape
     if schema is not None:
         spec = record_spec(n, schema, loader_id=info.loader_id, params=info.params,
-                           workers=nworkers, shard_bytes=options.shard_bytes)
+                           workers=nworkers, shard_bytes=options.shard_bytes,
+                           batch=options.batch_size if stage is not None else 1)
         return dataclasses.replace(spec, identity=options.identity), nworkers, probed
     assert item_shape is not None
     item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
@@ -327,7 +339,8 @@ def _plan(
         dtype=np_dtype.name,
         loader_id=info.loader_id,
         loader_params=info.params,
-        rows_per_shard=rows_per_shard(n, item_nbytes, nworkers, options.shard_bytes),
+        rows_per_shard=rows_per_shard(n, item_nbytes, nworkers, options.shard_bytes,
+                                      options.batch_size if stage is not None else 1),
         created_unix=time.time(),
         identity=options.identity,
     )

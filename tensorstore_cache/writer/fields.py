@@ -34,14 +34,15 @@ __all__ = ["assemble_fields", "drop_rows", "prepare_fields", "record_rows_per_sh
 
 
 def record_rows_per_shard(
-    n: int, fixed_nbytes: Sequence[int], workers: int, shard_bytes: int
+    n: int, fixed_nbytes: Sequence[int], workers: int, shard_bytes: int, batch: int = 1
 ) -> int:
     """Rows per shard of every fixed field of a store of records (and rows per shard task).
 
     About ``shard_bytes`` of the largest field per shard (fewer for small
     builds, so that each worker gets about 8 shards, never fewer than 64
-    rows), rounded down to the rows that make every field's shard whole pages
-    when there are that many.
+    rows, nor than one ``batch`` of a batch loader), rounded down to the rows
+    that make every field's shard whole pages when there are that many (and
+    whole batches too, when there are that many).
 
     Examples
     --------
@@ -50,20 +51,23 @@ def record_rows_per_shard(
     """
     largest = max([*fixed_nbytes, 1])
     cap = max(1, shard_bytes // largest)
-    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64))))
+    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64), min(n, batch))))
     unit = 1
     for nbytes in fixed_nbytes:
         unit = math.lcm(unit, mmap.PAGESIZE // math.gcd(max(nbytes, 1), mmap.PAGESIZE))
+    whole = math.lcm(unit, batch)
+    if batch > 1 and rows >= whole:
+        return rows // whole * whole
     return rows // unit * unit if rows >= unit else rows
 
 
 def record_spec(
     n: int, schema: Schema, *, loader_id: str, params: dict[str, Any], workers: int,
-    shard_bytes: int,
+    shard_bytes: int, batch: int = 1,
 ) -> StoreSpec:
     """The spec of a store of ``n`` records before its build (ragged fields not laid out yet)."""
     fixed = [f for _name, f in schema if isinstance(f, Fixed)]
-    s = record_rows_per_shard(n, [f.nbytes for f in fixed], workers, shard_bytes)
+    s = record_rows_per_shard(n, [f.nbytes for f in fixed], workers, shard_bytes, batch)
     layouts = tuple(
         FieldLayout(name, f, n, rows_per_shard=s, path=f"{FIELDS}/{name}")
         for name, f in schema

@@ -307,3 +307,31 @@ def test_records_targets_compare_within_the_run() -> None:
     assert "not installed: x" in t["batch_vs_mosaicml_streaming"]["reason"]
     assert t["memory_4_readers"]["status"] == "PASS"  # 0.05 <= 0.1
     assert t["open_largest_vs_smallest"]["status"] == "MISS"  # 2.5x > 2x
+
+
+# --- the embedding benchmark (benchmarks/embed.py) ---------------------------------------
+
+
+@pytest.mark.timeout(660)
+def test_embed_runs_every_method_and_checks_its_embeddings(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.embed", "--images", "80", "--batch-size", "32",
+         "--threads", "1", "--workdir", str(tmp_path / "work"), "--results", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((results / "embed.json").read_text())
+    assert (results / "embed.md").read_text().strip() in proc.stdout
+    assert report["limit"]["status"] == "ok" and report["limit"]["limit_s"] > 0
+    assert set(report["methods"]) == {"tensorstore_cache", "hf_datasets", "per_item"}
+    for name, method in report["methods"].items():
+        assert method["status"] == "ok", (name, method)
+        assert method["same_as_model"] is True and method["later_same"] is True, name
+        assert method["build_s"] > 0 and method["later_s"] > 0
+        assert method["build_memory"]["main_peak_rss_bytes"] > 0
+    # the batched build: the builder, one CPU worker and one device worker
+    assert len(report["methods"]["tensorstore_cache"]["build_memory"]["worker_peak_rss_bytes"]) >= 2
+    assert {t["status"] for t in report["targets"].values()} <= {"PASS", "MISS"}
+    assert set(report["targets"]) == {"batched_vs_per_item", "batched_vs_limit"}
+    assert str(tmp_path) not in json.dumps(report)  # paths are portable

@@ -189,3 +189,16 @@ def test_a_real_model_raced_by_four_processes(tmp_path: Path, where: str) -> Non
     from benchmarks.embed_model import embed
 
     np.testing.assert_allclose(outs[0], embed(paths), rtol=1e-4, atol=1e-5)
+
+
+def test_an_incremental_add_computes_only_the_new_keys(tmp_path: Path, where: str) -> None:
+    keys = _keys(50)
+    tsc.cached(keys[:20], loader=Embed(where), loader_id="t.inc/1", identity="none",
+               batch_size=8, workers=1, progress=False)
+    store = tsc.cached(keys, loader=Embed(where), loader_id="t.inc/1", identity="none",
+                       batch_size=8, workers=1, progress=False)
+    np.testing.assert_array_equal(store.stack(keys), np.stack([value_of(k) for k in keys]))
+    firsts = [first for _pid, _n, first in events(where, "batch")]
+    assert sum(int(n) for _pid, n, _first in events(where, "batch")) == len(keys)
+    assert "k20" in firsts  # the second build's first batch starts at the first new key
+    assert len(events(where, "setup")) == 2  # a device worker per build

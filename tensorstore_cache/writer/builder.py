@@ -17,14 +17,13 @@ time, checks, assembles into chunks, uploads with the index and deletes.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import mmap
 import os
 import textwrap
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ from ..fs import (
     remove_tree,
     temp_path,
 )
-from ..loaders import BatchLoader, Loader, LoaderInfo
+from ..loaders import Loader, LoaderInfo
 from ..remote import (
     discard_files,
     discard_upload,
@@ -58,8 +57,8 @@ from ..remote import (
     withdraw_store,
 )
 from .assemble import finish_store, publish, seal
-from .batches import Failure, compute_rows
-from .devices import DeviceStage, device_workers
+from .batched import devices_for, first_batch, per_key
+from .devices import DeviceStage
 from .fields import assemble_fields, drop_rows, prepare_fields, record_spec
 from .records import Schema, check_record, infer_schema, is_record
 from .reentry import building
@@ -224,81 +223,6 @@ def _probe(
                      named)
 
 
-@contextlib.contextmanager
-def devices_for(options: BuildOptions, keys: list[str]) -> Iterator[DeviceStage | None]:
-    """The device workers of a build by a batch loader (None for a loader of one key, or no
-    key to build), stopped when the block ends."""
-    fn = options.loader.fn
-    if not isinstance(fn, BatchLoader) or not keys:
-        yield None
-        return
-    with device_workers(fn, options.devices, options.prepare, options.batch_size) as stage:
-        yield stage
-
-
-def _per_key(fn: Loader | BatchLoader) -> Loader:
-    """A loader of one key (a batch loader is called by its device workers only)."""
-    if isinstance(fn, BatchLoader):
-        raise TypeError(f"{fn!r} is a BatchLoader: it runs in the build's device workers")
-    return fn
-
-
-class _Inferred:
-    """Checks the rows of a first batch: the first one that passes gives the schema or shape."""
-
-    def __init__(self, dtype: np.dtype[Any], names: tuple[str, ...] | None) -> None:
-        self.dtype = dtype
-        self.names = names
-        self.schema: Schema | None = None
-        self.shape: tuple[int, ...] | None = None
-
-    def __call__(self, key: str, value: Any) -> Any:
-        if self.schema is not None:
-            return check_record(key, value, self.schema, self.names)
-        if self.shape is not None:
-            return check_item(value, self.dtype, self.shape)
-        if self.names is not None or is_record(value):
-            schema = infer_schema(key, value, self.names)
-            checked = check_record(key, value, schema, self.names)
-            self.schema = schema
-            return checked
-        item = check_item(value, self.dtype, None)
-        self.shape = tuple(item.shape)
-        return item
-
-
-def first_batch(
-    stage: DeviceStage, keys: list[str], options: BuildOptions, label: str
-) -> tuple[Probed, Schema | None, tuple[int, ...] | None]:
-    """Compute batches from the first key on, until one item succeeds; return every item
-    computed (kept, and stored as it is), with the schema or item shape the first success
-    gives. The items are prepared here; the loader runs on the first device worker.
-
-    Raises
-    ------
-    BuildError
-        If every key fails, naming each with its error.
-    """
-    infer = _Inferred(np.dtype(options.dtype), options.names)
-    computed: Probed = {}
-    for start in range(0, len(keys), stage.batch_size):
-        chunk = keys[start : start + stage.batch_size]
-        probe = ShardTask(root="", rel="", keys=chunk, loader=None, dtype="", item_shape=(),
-                          rows_per_shard=1, write_on_failure=False,
-                          hash_sources=options.hash_sources, identity=options.identity,
-                          tokens=_tokens(options, chunk))
-        identities = [source_identity(probe, i, key) for i, key in enumerate(chunk)]
-        rows = compute_rows(stage, chunk, 0, infer, options.names)
-        for i, (row, identity) in enumerate(zip(rows, identities, strict=True)):
-            computed[start + i] = (row, identity)
-        if infer.schema is not None or infer.shape is not None:
-            return computed, infer.schema, infer.shape
-    named = [(keys[i], row.reason) for i, (row, _identity) in computed.items()
-             if isinstance(row, Failure)]
-    frames = [row.frames for row, _identity in computed.values() if isinstance(row, Failure)]
-    raise BuildError(_failure_message(named, len(keys), label, frames), named)
-
-
 def _plan(
     keys: list[str], options: BuildOptions, label: str, stage: DeviceStage | None = None
 ) -> tuple[StoreSpec, int, Probed | None]:
@@ -321,9 +245,15 @@ def _plan(
                 "least one path or give the loader an item_shape attribute"
             )
         if stage is not None:
-            probed, schema, item_shape = first_batch(stage, keys, options, label)
+            probed, schema, item_shape = first_batch(stage, keys, options)
+            if schema is None and item_shape is None:
+                failures = [(keys[i], row.reason, row.frames) for i, (row, _identity)
+                            in probed.items()]
+                named = [(k, r) for k, r, _f in failures]
+                raise BuildError(_failure_message(named, len(keys), label,
+                                                  [f for _k, _r, f in failures]), named)
         else:
-            probed, schema = _probe(_per_key(info.fn), keys, options, label)
+            probed, schema = _probe(per_key(info.fn), keys, options, label)
             if schema is None:
                 item_shape = next(iter(probed.values()))[0].shape
     if schema is not None:
@@ -501,7 +431,7 @@ def _build_into(
             root=str(tmp),
             rel=_task_name(spec, fixed, k),
             keys=keys[k * s : (k + 1) * s],
-            loader=_per_key(options.loader.fn) if stage is None else stage,
+            loader=per_key(options.loader.fn) if stage is None else stage,
             dtype=spec.dtype or "",
             item_shape=spec.item_shape or (),
             rows_per_shard=s,

@@ -1,0 +1,95 @@
+"""A build by a batch loader: its device workers, and the first batch that gives the shape.
+
+Nothing of a :class:`~tensorstore_cache.loaders.BatchLoader` runs in the
+building process: when neither ``fields=`` nor the loader's ``item_shape``
+says what it returns, the first batch (prepared here, computed by a device
+worker) does, and its rows are stored as they came.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..loaders import BatchLoader, Loader
+from .batches import compute_rows
+from .devices import DeviceStage, device_workers
+from .records import Schema, check_record, infer_schema, is_record
+from .tasks import ShardTask, check_item, source_identity
+
+if TYPE_CHECKING:
+    from .builder import BuildOptions
+
+__all__ = ["devices_for", "first_batch", "per_key"]
+
+
+@contextlib.contextmanager
+def devices_for(options: BuildOptions, keys: list[str]) -> Iterator[DeviceStage | None]:
+    """The device workers of a build by a batch loader (None for a loader of one key, or no
+    key to build), stopped when the block ends."""
+    fn = options.loader.fn
+    if not isinstance(fn, BatchLoader) or not keys:
+        yield None
+        return
+    with device_workers(fn, options.devices, options.prepare, options.batch_size) as stage:
+        yield stage
+
+
+def per_key(fn: Loader | BatchLoader) -> Loader:
+    """A loader of one key (a batch loader is called by its device workers only)."""
+    if isinstance(fn, BatchLoader):
+        raise TypeError(f"{fn!r} is a BatchLoader: it runs in the build's device workers")
+    return fn
+
+
+class _Inferred:
+    """Checks the rows of a first batch: the first one that passes gives the schema or shape."""
+
+    def __init__(self, dtype: np.dtype[Any], names: tuple[str, ...] | None) -> None:
+        self.dtype = dtype
+        self.names = names
+        self.schema: Schema | None = None
+        self.shape: tuple[int, ...] | None = None
+
+    def __call__(self, key: str, value: Any) -> Any:
+        if self.schema is not None:
+            return check_record(key, value, self.schema, self.names)
+        if self.shape is not None:
+            return check_item(value, self.dtype, self.shape)
+        if self.names is not None or is_record(value):
+            schema = infer_schema(key, value, self.names)
+            checked = check_record(key, value, schema, self.names)
+            self.schema = schema
+            return checked
+        item = check_item(value, self.dtype, None)
+        self.shape = tuple(item.shape)
+        return item
+
+
+def first_batch(
+    stage: DeviceStage, keys: list[str], options: BuildOptions
+) -> tuple[dict[int, tuple[Any, tuple[int, int, int]]], Schema | None, tuple[int, ...] | None]:
+    """Compute batches from the first key on, until one item succeeds; return every item
+    computed by row (its value or :class:`~.batches.Failure`, and its source identity; kept,
+    and stored as it is), with the schema or item shape the first success gives (both None
+    if every key failed). The items are prepared here; the loader runs on the first device
+    worker."""
+    infer = _Inferred(np.dtype(options.dtype), options.names)
+    computed: dict[int, tuple[Any, tuple[int, int, int]]] = {}
+    for start in range(0, len(keys), stage.batch_size):
+        chunk = keys[start : start + stage.batch_size]
+        probe = ShardTask(root="", rel="", keys=chunk, loader=None, dtype="", item_shape=(),
+                          rows_per_shard=1, write_on_failure=False,
+                          hash_sources=options.hash_sources, identity=options.identity,
+                          tokens=None if options.tokens is None or options.identity != "token"
+                          else [options.tokens[k] for k in chunk])
+        identities = [source_identity(probe, i, key) for i, key in enumerate(chunk)]
+        rows = compute_rows(stage, chunk, 0, infer, options.names)
+        for i, (row, identity) in enumerate(zip(rows, identities, strict=True)):
+            computed[start + i] = (row, identity)
+        if infer.schema is not None or infer.shape is not None:
+            return computed, infer.schema, infer.shape
+    return computed, None, None

@@ -9,6 +9,7 @@ in ``setup`` only, logs ``import <pid>`` when it is imported.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +64,18 @@ class Embed(tsc.BatchLoader):
 
 
 class Prepare:
-    """A ``prepare`` that logs where it runs and appends ``!`` to the key."""
+    """A ``prepare`` that logs where it runs and appends ``!`` to the key; in the process
+    ``slow_in`` it takes ``delay_s`` per key (so that the pool's workers surely get some)."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, slow_in: int = 0, delay_s: float = 0.02) -> None:
         self.where = where
+        self.slow_in = slow_in
+        self.delay_s = delay_s
 
     def __call__(self, key: str) -> str:
         log(self.where, f"prepare {os.getpid()} {key}")
+        if os.getpid() == self.slow_in:
+            time.sleep(self.delay_s)
         if "unprepared" in key:
             raise OSError(f"cannot prepare {key}")
         return key + "!"

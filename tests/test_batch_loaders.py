@@ -51,9 +51,10 @@ def _keys(n: int) -> list[str]:
 def test_setup_once_per_device_worker_never_here_and_prepare_in_the_cpu_workers(
     tmp_path: Path, where: str
 ) -> None:
-    keys = _keys(300)
+    keys = _keys(400)
     store = tsc.build_store(keys, tmp_path / "s.tsc", loader=Embed(where), loader_id="t/1",
-                            identity="none", prepare=Prepare(where), batch_size=16,
+                            identity="none", prepare=Prepare(where, slow_in=os.getpid()),
+                            batch_size=16,
                             devices=["dev0", "dev1", "dev0"], workers=2, progress=False)
     # order kept, each key computed from its prepared item
     np.testing.assert_array_equal(store.stack(keys), np.stack([value_of(k + "!") for k in keys]))

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 __all__ = ["devices_for", "first_batch", "per_key"]
 
+#: Batches the building process prepares and queues at most while it waits for the first
+#: answer of a device worker (which may be importing its framework and loading its model).
+FIRST_BATCHES = 8
+
 
 @contextlib.contextmanager
 def devices_for(options: BuildOptions, keys: list[str]) -> Iterator[DeviceStage | None]:
@@ -75,21 +79,25 @@ def first_batch(
     """Compute batches from the first key on, until one item succeeds; return every item
     computed by row (its value or :class:`~.batches.Failure`, and its source identity; kept,
     and stored as it is), with the schema or item shape the first success gives (both None
-    if every key failed). The items are prepared here; the loader runs on the first device
-    worker."""
+    if every key failed). The items are prepared here, up to :data:`FIRST_BATCHES` batches
+    ahead while the first answer is awaited; the loader runs on the first device worker."""
     infer = _Inferred(np.dtype(options.dtype), options.names)
     computed: dict[int, tuple[Any, tuple[int, int, int]]] = {}
-    for start in range(0, len(keys), stage.batch_size):
-        chunk = keys[start : start + stage.batch_size]
+    start = 0
+    while start < len(keys):
+        chunk = keys[start : start + FIRST_BATCHES * stage.batch_size]
         probe = ShardTask(root="", rel="", keys=chunk, loader=None, dtype="", item_shape=(),
                           rows_per_shard=1, write_on_failure=False,
                           hash_sources=options.hash_sources, identity=options.identity,
                           tokens=None if options.tokens is None or options.identity != "token"
                           else [options.tokens[k] for k in chunk])
         identities = [source_identity(probe, i, key) for i, key in enumerate(chunk)]
-        rows = compute_rows(stage, chunk, 0, infer, options.names)
-        for i, (row, identity) in enumerate(zip(rows, identities, strict=True)):
+        # while the device worker starts (imports, setup), batches are prepared and queued
+        rows = compute_rows(stage, chunk, 0, infer, options.names, depth=FIRST_BATCHES,
+                            enough=lambda: infer.schema is not None or infer.shape is not None)
+        for i, (row, identity) in enumerate(zip(rows, identities, strict=False)):
             computed[start + i] = (row, identity)
+        start += len(rows)
         if infer.schema is not None or infer.shape is not None:
             return computed, infer.schema, infer.shape
     return computed, None, None

@@ -86,12 +86,18 @@ def compute_rows(
     device: int,
     check: Callable[[str, Any], Any],
     names: tuple[str, ...] | None = None,
+    *,
+    enough: Callable[[], bool] | None = None,
+    depth: int = 1,
 ) -> list[Row]:
-    """Every key's row, in key order: its value, checked by ``check(key, value)``, or a
-    :class:`Failure` (of ``prepare``, of the loader on the key alone, or of ``check``).
+    """The rows of ``keys``, in key order: each its value, checked by ``check(key, value)``,
+    or a :class:`Failure` (of ``prepare``, of the loader on the key alone, or of ``check``).
 
-    Batches go to device worker ``device``; one stays queued behind the one
-    computing. ``names`` orders the fields of a loader's tuples.
+    Batches go to device worker ``device``; up to ``depth`` stay queued behind
+    the one computing, and every answer is taken as soon as it is there.
+    ``names`` orders the fields of a loader's tuples. With ``enough``, no
+    further key is prepared once it returns true (checked as answers come):
+    the rows of the keys prepared until then are returned, a prefix of ``keys``.
     """
     out: list[Row] = [None] * len(keys)
     queued: list[tuple[list[int], list[Any]]] = []  # batches sent, oldest first
@@ -115,12 +121,16 @@ def compute_rows(
     def send(rows: list[int], items: list[Any]) -> None:
         stage.send(device, items)
         queued.append((rows, items))
-        if len(queued) > 1:  # one batch stays queued behind the one computing
+        while queued and (len(queued) > depth + 1 or stage.ready(device)):
             finish(*queued.pop(0))
 
     rows: list[int] = []
     items: list[Any] = []
+    done = len(keys)
     for i, key in enumerate(keys):
+        if enough is not None and enough():
+            done = i
+            break
         try:
             items.append(key if stage.prepare is None else stage.prepare(key))
         except Exception as exc:
@@ -137,7 +147,7 @@ def compute_rows(
     for i, item in retry:  # key by key, so that each failure is named
         stage.send(device, [item])
         finish([i], [item])
-    return out
+    return out[:done]
 
 
 def _frames(exc: BaseException) -> str:

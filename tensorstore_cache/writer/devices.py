@@ -107,6 +107,13 @@ class DeviceStage:
             )
         return kind, value, frames
 
+    def ready(self, d: int) -> bool:
+        """Whether device worker ``d`` has answered a batch (the answer waits to be received)."""
+        try:
+            return self._conn(d).poll()
+        except (OSError, EOFError):
+            return True  # receive() says what happened
+
     def close(self) -> None:
         """Close this process's connections."""
         for conn in self._conns.values():

@@ -66,6 +66,9 @@ class DeviceStage:
     authkey: bytes
     """The key a connection proves it belongs to this build with."""
     _conns: dict[int, Connection] = field(default_factory=dict)
+    _started: Callable[[], None] | None = None
+    """In the building process: waits until every device worker listens (called before the
+    first connection, so that the first batch is prepared while they start)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"prepare": self.prepare, "batch_size": self.batch_size,
@@ -75,6 +78,7 @@ class DeviceStage:
         for name, value in state.items():
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_conns", {})
+        object.__setattr__(self, "_started", None)
 
     def device_of(self, k: int) -> int:
         """The device worker of shard task ``k`` (shards go round the devices)."""
@@ -123,6 +127,9 @@ class DeviceStage:
     def _conn(self, d: int) -> Connection:
         conn = self._conns.get(d)
         if conn is None:
+            if self._started is not None:
+                started, self._started = self._started, None
+                started()
             conn = Client(self.addresses[d], family="AF_UNIX", authkey=self.authkey)
             self._conns[d] = conn
         return conn
@@ -211,8 +218,8 @@ def device_workers(
 ) -> Iterator[DeviceStage]:
     """Start one device worker per device; yield the stage the CPU workers run; stop them.
 
-    Returns once every worker listens (its ``setup`` may still run: batches
-    wait for it).
+    Returns at once: this process's first connection waits until every
+    worker listens (its ``setup`` may still run then: batches wait for it).
 
     Raises
     ------
@@ -234,8 +241,10 @@ def device_workers(
     try:
         futures = [pool.serve(device, address, authkey)
                    for device, address in zip(devices, addresses, strict=True)]
-        _wait_listening(futures, addresses, devices)
+        stage._started = lambda: _wait_listening(futures, addresses, devices)
         yield stage
+        if stage._started is not None:  # never connected
+            stage._started()
         stage.close()
         for address in addresses:
             with Client(address, family="AF_UNIX", authkey=authkey) as conn:
@@ -247,7 +256,7 @@ def device_workers(
         pool.abort()
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    pool.close()
+    pool.close(wait=False)  # they exit once their model is torn down; nobody waits for it
     shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -256,9 +256,9 @@ class BuildPool:
         future: Future[None] = self._executor.submit(_serve_pooled, device, address, authkey)
         return future
 
-    def close(self) -> None:
-        """Let the workers finish and exit (after every task is done)."""
-        self._executor.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """Let the workers finish and exit (after every task is done); ``wait`` for them."""
+        self._executor.shutdown(wait=wait)
         shutil.rmtree(self._status_dir, ignore_errors=True)
 
     def abort(self) -> None:

@@ -276,7 +276,14 @@ class Ragged:
         shapes: npt.NDArray[np.int64] | None = None,
     ) -> Ragged:
         """This field's batch of arrays already laid out and checked (what a store's reader
-        returns): no per-row check, no copy."""
+        returns): no per-row check, no copy.
+
+        Examples
+        --------
+        >>> b = Ragged("int32").of_arrays(np.arange(5, dtype=np.int32), np.array([0, 2, 5]))
+        >>> b.lengths.tolist(), b[1].tolist()
+        ([2, 3], [2, 3, 4])
+        """
         batch = object.__new__(Ragged)
         for name, value in (("dtype", self.dtype), ("shape", self.shape), ("values", values),
                             ("offsets", offsets), ("shapes", shapes)):

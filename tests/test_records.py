@@ -39,6 +39,8 @@ def calls(log: Path) -> Counter[str]:
 
 
 def test_every_record_reads_back_as_it_was_loaded(store: tsc.CacheStore, paths: list[str]) -> None:
+    """Boxes of any count per image (fixed-shape designs broke there: ffcv#70, #121, #313),
+    every field read back under its own key (fields misaligned with keys: ffcv#231)."""
     assert len(store) == len(paths) and store.spec.records and store.spec.format_version == 2
     assert store.spec.item_shape is None and store.spec.dtype is None
     assert [f.name for f in store.spec.fields] == list(BOX_FIELDS)
@@ -326,6 +328,7 @@ def _build(tmp_path: Path, loader: Any, **kw: Any) -> tsc.CacheStore:
 
 
 def test_a_tuple_needs_its_names(tmp_path: Path) -> None:
+    """Positional tuples get mixed up (ffcv#103): a tuple is refused until its fields are named."""
     def pair(p: str) -> tuple[Any, Any]:
         return np.full(3, number(p), np.uint8), np.int64(number(p))
 

@@ -104,6 +104,8 @@ def test_packed_and_nested_batches_need_the_collate(store: tsc.CacheStore) -> No
 
 
 def test_one_gather_per_field_per_batch(store: tsc.CacheStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ragged data once formatted must not become a list of tensors per row (datasets#7210,
+    #5841): one gather per field per batch."""
     ds = StoreDataset(store, fields=["image", "title_ids", "rating"])
     gathers: list[int] = []
     take = tsc.CacheStore.take

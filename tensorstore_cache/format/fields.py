@@ -95,6 +95,17 @@ def check_name(name: object, taken: Sequence[str] = ()) -> str:
     return name
 
 
+def _fits(value: Any, dtype: np.dtype[Any]) -> bool:
+    """Whether ``value`` converts to ``dtype`` unchanged."""
+    if type(value) in (int, float, bool) and value == 0:  # the usual pad: fits every dtype
+        return True
+    try:
+        np.array(value, dtype=dtype, copy=None) if np.ndim(value) == 0 else None
+        return bool(np.all(np.array(value).astype(dtype) == np.array(value)))
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
 def _dtype_name(value: object) -> str:
     try:
         name = str(np.dtype(value).name)  # type: ignore[call-overload]
@@ -260,6 +271,25 @@ class Ragged:
         return Ragged(self.dtype, self.shape, values=values, offsets=offsets,
                       shapes=shapes if self.flat else None)
 
+    def of_arrays(
+        self, values: npt.NDArray[Any], offsets: npt.NDArray[np.int64],
+        shapes: npt.NDArray[np.int64] | None = None,
+    ) -> Ragged:
+        """This field's batch of arrays already laid out and checked (what a store's reader
+        returns): no per-row check, no copy.
+
+        Examples
+        --------
+        >>> b = Ragged("int32").of_arrays(np.arange(5, dtype=np.int32), np.array([0, 2, 5]))
+        >>> b.lengths.tolist(), b[1].tolist()
+        ([2, 3], [2, 3, 4])
+        """
+        batch = object.__new__(Ragged)
+        for name, value in (("dtype", self.dtype), ("shape", self.shape), ("values", values),
+                            ("offsets", offsets), ("shapes", shapes)):
+            object.__setattr__(batch, name, value)
+        return batch
+
     def _data(self) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
         if self.values is None or self.offsets is None:
             raise TypeError(f"{self!r} is a field declaration, not a batch of rows")
@@ -305,19 +335,14 @@ class Ragged:
         """
         values, offsets = self._data()
         b = len(offsets) - 1
-        try:
-            np.array(value, dtype=values.dtype, copy=None) if np.ndim(value) == 0 else None
-            fits = np.array(value).astype(values.dtype) == np.array(value)
-        except (OverflowError, ValueError, TypeError):
-            fits = False
-        if not fits:
+        if not _fits(value, values.dtype):
             raise ValueError(f"the pad value {value!r} does not fit this field's {values.dtype}; "
                              "pass a value of that type")
         if self.shapes is None:  # only the first dimension varies: one vectorised scatter
-            lengths = np.diff(offsets)
-            longest = int(lengths.max(initial=0))
+            lengths = offsets[1:] - offsets[:-1]
+            longest = int(lengths.max()) if b else 0
             width = longest if max_len is None else min(longest, int(max_len))
-            out = np.full((b, width, *self.inner), value, dtype=values.dtype)
+            out = np.full((b, width, *values.shape[1:]), value, dtype=values.dtype)
             if width == longest:  # nothing truncated: the values fill a mask in row order
                 out[np.arange(width) < lengths[:, None]] = values[: int(offsets[-1])]
                 return out

@@ -292,8 +292,8 @@ class RaggedArray:
 
     def spans(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """``(start, stop)`` in ``values`` of every row of ``rows`` (valid local rows), checked."""
-        start = self.offsets[rows].astype(np.int64)
-        stop = self.offsets[rows + 1].astype(np.int64)
+        start = self.offsets[rows].astype(np.int64, copy=False)
+        stop = self.offsets[rows + 1].astype(np.int64, copy=False)
         if len(rows) and (
             int(start.min()) < 0 or bool(np.any(stop < start)) or int(stop.max()) > self.total
         ):

@@ -521,7 +521,7 @@ class CacheStore:
             bounds = offsets.tolist()
             return [raw[a:b].decode("utf-8", "surrogateescape")
                     for a, b in itertools.pairwise(bounds)]
-        return Ragged(f.dtype, f.shape, values=values, offsets=offsets, shapes=shapes)
+        return f.of_arrays(values, offsets, shapes)
 
     def stale(
         self,

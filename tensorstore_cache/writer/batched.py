@@ -1,4 +1,5 @@
-"""A build by a batch loader: its device workers, and the first batch that gives the shape.
+"""A build by a batch loader: its device workers started and stopped, and the first batch
+that gives the shape.
 
 Nothing of a :class:`~tensorstore_cache.loaders.BatchLoader` runs in the
 building process: when neither ``fields=`` nor the loader's ``item_shape``
@@ -9,29 +10,102 @@ worker) does, and its rows are stored as they came.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..loaders import BatchLoader, Loader
+from ..config import Recorded
+from ..loaders import BatchLoader, Loader, LoaderInfo
 from .batches import compute_rows
-from .devices import DeviceStage, device_workers
+from .devices import DeviceStage, wait_listening
+from .pool import BuildPool
 from .records import Schema, check_record, infer_schema, is_record
 from .tasks import ShardTask, check_item, source_identity
 
-if TYPE_CHECKING:
-    from .builder import BuildOptions
-
-__all__ = ["devices_for", "first_batch", "per_key"]
+__all__ = ["device_workers", "devices_for", "first_batch", "per_key"]
 
 #: Batches the building process prepares and queues at most while it waits for the first
 #: answer of a device worker (which may be importing its framework and loading its model).
 FIRST_BATCHES = 8
 
 
+class Options(Protocol):
+    """What a batched build reads of its :class:`~.builder.BuildOptions`."""
+
+    @property
+    def loader(self) -> LoaderInfo: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def names(self) -> tuple[str, ...] | None: ...
+    @property
+    def hash_sources(self) -> bool: ...
+    @property
+    def identity(self) -> Recorded: ...
+    @property
+    def tokens(self) -> Mapping[str, int] | None: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def prepare(self) -> Callable[[str], Any] | None: ...
+    @property
+    def devices(self) -> tuple[str, ...]: ...
+
+
 @contextlib.contextmanager
-def devices_for(options: BuildOptions, keys: list[str]) -> Iterator[DeviceStage | None]:
+def device_workers(
+    loader: BatchLoader, devices: tuple[str, ...], prepare: Callable[[str], Any] | None,
+    batch_size: int,
+) -> Iterator[DeviceStage]:
+    """Start one device worker per device; yield the stage the CPU workers run; stop them.
+
+    Returns at once: this process's first connection waits until every
+    worker listens (its ``setup`` may still run then: batches wait for it).
+
+    Raises
+    ------
+    BuildError
+        If a device worker could not start (its loader does not unpickle).
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="tsc-dev-"))  # short: a socket path has 107 bytes
+    os.chmod(scratch, 0o700)
+    addresses = tuple(str(scratch / f"{d}.sock") for d in range(len(devices)))
+    authkey = secrets.token_bytes(32)
+    try:
+        pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status")
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    stage = DeviceStage(prepare, batch_size, devices, addresses, authkey)
+    try:
+        futures = [pool.serve(device, address, authkey)
+                   for device, address in zip(devices, addresses, strict=True)]
+        stage._started = lambda: wait_listening(futures, addresses, devices)
+        yield stage
+        if stage._started is not None:  # never connected
+            stage._started()
+        stage.close()
+        stage.stop()
+        for future in futures:
+            future.result()
+    except BaseException:
+        stage.close()
+        pool.abort()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    pool.close(wait=False)  # they exit once their model is torn down; nobody waits for it
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+
+@contextlib.contextmanager
+def devices_for(options: Options, keys: list[str]) -> Iterator[DeviceStage | None]:
     """The device workers of a build by a batch loader (None for a loader of one key, or no
     key to build), stopped when the block ends."""
     fn = options.loader.fn
@@ -74,7 +148,7 @@ class _Inferred:
 
 
 def first_batch(
-    stage: DeviceStage, keys: list[str], options: BuildOptions
+    stage: DeviceStage, keys: list[str], options: Options
 ) -> tuple[dict[int, tuple[Any, tuple[int, int, int]]], Schema | None, tuple[int, ...] | None]:
     """Compute batches from the first key on, until one item succeeds; return every item
     computed by row (its value or :class:`~.batches.Failure`, and its source identity; kept,

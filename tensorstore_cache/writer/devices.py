@@ -3,8 +3,9 @@
 A :class:`~tensorstore_cache.loaders.BatchLoader` is not sent to the build's
 CPU workers: they run ``prepare`` on their keys and send the prepared items,
 a batch at a time, to a device worker. Device workers are workers of a
-:class:`~.pool.BuildPool` of their own (started from a clean interpreter,
-so CUDA works in them; exiting with their builder), each of which sets
+:class:`~.pool.BuildPool` of their own (started by
+:func:`~.batched.device_workers` from a clean interpreter, so CUDA works in
+them; exiting with their builder), each of which sets
 the loader's ``device``, calls its ``setup`` once and then serves batches
 until the builder says stop. The calling process never unpickles the
 loader's model: it imports nothing the loader's ``setup`` imports.
@@ -22,23 +23,19 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import secrets
-import shutil
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
-from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
 from ..loaders import BatchLoader
 
-__all__ = ["DeviceStage", "device_workers", "serve"]
+__all__ = ["DeviceStage", "serve", "wait_listening"]
 
 #: How long the builder waits for its device workers to listen (seconds).
 START_TIMEOUT_S = 600.0
@@ -117,6 +114,12 @@ class DeviceStage:
             return self._conn(d).poll()
         except (OSError, EOFError):
             return True  # receive() says what happened
+
+    def stop(self) -> None:
+        """Tell every device worker to stop once it has answered what it was sent."""
+        for address in self.addresses:
+            with Client(address, family="AF_UNIX", authkey=self.authkey) as conn:
+                conn.send(None)
 
     def close(self) -> None:
         """Close this process's connections."""
@@ -211,56 +214,7 @@ def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
         listener.close()
 
 
-@contextlib.contextmanager
-def device_workers(
-    loader: BatchLoader, devices: tuple[str, ...], prepare: Callable[[str], Any] | None,
-    batch_size: int,
-) -> Iterator[DeviceStage]:
-    """Start one device worker per device; yield the stage the CPU workers run; stop them.
-
-    Returns at once: this process's first connection waits until every
-    worker listens (its ``setup`` may still run then: batches wait for it).
-
-    Raises
-    ------
-    BuildError
-        If a device worker could not start (its loader does not unpickle).
-    """
-    from .pool import BuildPool  # which runs serve(): imported when a build starts devices
-
-    scratch = Path(tempfile.mkdtemp(prefix="tsc-dev-"))  # short: a socket path has 107 bytes
-    os.chmod(scratch, 0o700)
-    addresses = tuple(str(scratch / f"{d}.sock") for d in range(len(devices)))
-    authkey = secrets.token_bytes(32)
-    try:
-        pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status")
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    stage = DeviceStage(prepare, batch_size, devices, addresses, authkey)
-    try:
-        futures = [pool.serve(device, address, authkey)
-                   for device, address in zip(devices, addresses, strict=True)]
-        stage._started = lambda: _wait_listening(futures, addresses, devices)
-        yield stage
-        if stage._started is not None:  # never connected
-            stage._started()
-        stage.close()
-        for address in addresses:
-            with Client(address, family="AF_UNIX", authkey=authkey) as conn:
-                conn.send(None)
-        for future in futures:
-            future.result()
-    except BaseException:
-        stage.close()
-        pool.abort()
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    pool.close(wait=False)  # they exit once their model is torn down; nobody waits for it
-    shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _wait_listening(
+def wait_listening(
     futures: list[Future[None]], addresses: tuple[str, ...], devices: tuple[str, ...]
 ) -> None:
     """Wait until every device worker listens at its address, or raise why one never will."""

@@ -43,7 +43,7 @@ __all__ = ["CacheStore", "Location", "open_field", "open_location"]
 
 _T = TypeVar("_T")
 #: Keys looked up per vectorised step of :meth:`CacheStore.rows`.
-_ROWS_CHUNK = 4096
+_ROWS_CHUNK = 1024
 
 
 class Location(Protocol):

@@ -67,7 +67,10 @@ def test_same_bytes_in_many_steps_matches_a_comparison_key_by_key() -> None:
     # keys whose bytes span many comparison steps, differing at their first, a middle or
     # their last byte, or in length, wherever a step boundary falls
     rng = np.random.default_rng(7)
-    keys = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8)) for n in rng.integers(1, 120, 3000)]
+    # a few keys longer than a window, compared byte by byte
+    lengths = np.where(rng.random(3000) < 0.02, rng.integers(257, 600, 3000),
+                       rng.integers(1, 120, 3000))
+    keys = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8)) for n in lengths]
     stored_keys = list(keys)
     for i in rng.choice(len(keys), 400, replace=False).tolist():
         k = bytearray(keys[i])
@@ -86,7 +89,7 @@ def test_same_bytes_in_many_steps_matches_a_comparison_key_by_key() -> None:
     place[order] = np.arange(len(keys))
     starts, stops = offsets[place], offsets[place + 1]
     got = same_bytes(np.frombuffer(blob, np.uint8), starts, stops, keys)
-    assert len(blob) > 20 * keyindex_module._COMPARE_BYTES
+    assert len(blob) > 4 * keyindex_module._COMPARE_BYTES
     assert got.tolist() == [a == b for a, b in zip(keys, stored_keys, strict=True)]
     assert not got.all() and got.sum() == len(keys) - 400
 

@@ -119,6 +119,29 @@ def test_later_segments_win_and_rows_number_live_entries(tmp_path: Path) -> None
     store.close()
 
 
+def test_bulk_lookups_find_the_newest_entry_whatever_the_segment_sizes(tmp_path: Path) -> None:
+    # the biggest segment is searched first: a key it holds in a dead row (a later, smaller
+    # segment overrides it) must still come from the newest segment
+    old = _build(tmp_path / "a.tsc", [f"k{i}" for i in range(40)])
+    mid = _build(tmp_path / "b.tsc", [f"k{i}" for i in (*range(10, 15), 40, 41)])
+    big = _build(tmp_path / "c.tsc", [f"k{i}" for i in (12, 30, *range(50, 120))])
+    old_vec = Filled((8,), sign=-1)
+    tsc.build_store([f"k{i}" for i in range(20, 25)], tmp_path / "d.tsc", loader=old_vec,
+                    loader_id="vec/1", workers=1, progress=False, identity="none").close()
+    store = layered(old, mid, big, tmp_path / "d.tsc")
+    try:
+        keys = [f"k{i}" for i in range(125)] * 2
+        rows = store.rows(keys, missing="ignore")
+        one_by_one = [store.paths.index(k) if k in store else -1 for k in keys]
+        assert rows.tolist() == one_by_one
+        assert [store.paths[r] for r in rows.tolist() if r >= 0] == [k for k in keys if k in store]
+        # k20..k24 come from the newest (smallest) segment, whose vectors are negative
+        assert all(float(store.vector(r)[0]) < 0 for r in store.rows(["k20", "k24"]).tolist())
+        assert float(store["k12"][0]) == 12.0 and float(store["k3"][0]) == 3.0
+    finally:
+        store.close()
+
+
 def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

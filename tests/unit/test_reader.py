@@ -16,7 +16,9 @@ import xxhash
 import tensorstore_cache as tsc
 from tensorstore_cache.format.metadata import shard_count, shard_key
 from tensorstore_cache.fs.trust import Trust
+from tensorstore_cache.errors import KeyNotInStoreError
 from tensorstore_cache.reader import keyindex as keyindex_module
+from tensorstore_cache.reader import store as store_module
 from tensorstore_cache.reader.assembly import SegmentSource, assemble, open_directory
 from tensorstore_cache.reader.keyindex import same_bytes
 from tensorstore_cache.reader.overlay import Overlay
@@ -138,6 +140,35 @@ def test_bulk_lookups_find_the_newest_entry_whatever_the_segment_sizes(tmp_path:
         # k20..k24 come from the newest (smallest) segment, whose vectors are negative
         assert all(float(store.vector(r)[0]) < 0 for r in store.rows(["k20", "k24"]).tolist())
         assert float(store["k12"][0]) == 12.0 and float(store["k3"][0]) == 3.0
+    finally:
+        store.close()
+
+
+def test_rows_of_repeated_paths_equal_the_rows_of_each_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # absolute cover-like paths over several lookup steps, with repeats, paths that need
+    # normalising and absent paths in the same step
+    monkeypatch.setattr(store_module, "_ROWS_CHUNK", 64)
+    keys = [f"/data/covers/images/{i % 13:02x}/{i % 7:02x}/{i:010d}.01.THUMBZZZ.jpg.k{i}"
+            for i in range(400)]
+    store = layered(_build(tmp_path / "a.tsc", keys[:300]), _build(tmp_path / "b.tsc", keys[250:]))
+    try:
+        rng = np.random.default_rng(3)
+        asked = [keys[i] for i in rng.integers(0, len(keys), 1500).tolist()]
+        asked[7] = asked[7].replace("/images/", "/images//")  # normalised to a stored key
+        asked[100] = asked[100].replace("/data/", "/data/./")
+        each = {k: int(store.rows([k])[0]) for k in keys}
+        want = [each[k.replace("//", "/").replace("/./", "/")] for k in asked]
+        assert store.rows(asked).tolist() == want
+        assert store.rows(np.array(asked)).tolist() == want
+        assert store.rows(asked[:60]).tolist() == want[:60]  # one step, no repeats looked for
+        assert len(store) == len(keys) and len(set(want)) > 300
+        absent = [*asked[:90], "/data/covers/none.jpg", *asked[90:200], "/data/covers/none.jpg"]
+        got = store.rows(absent, missing="ignore")
+        assert got[90] == got[-1] == -1 and (np.delete(got, [90, len(got) - 1]) >= 0).all()
+        with pytest.raises(KeyNotInStoreError, match="none.jpg"):
+            store.rows(absent)
     finally:
         store.close()
 

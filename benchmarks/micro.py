@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import multiprocessing
+import os
 import shutil
 import statistics
 import sys

@@ -378,7 +378,7 @@ class CacheStore:
                 distinct = None
             if distinct is not None and len(distinct) <= _REPEATS * len(values):
                 found = self._rows(distinct, missing)
-                where = dict(zip(distinct, range(len(distinct))))
+                where = dict(zip(distinct, range(len(distinct)), strict=True))
                 del distinct
                 return found[np.fromiter(map(where.__getitem__, values), np.int64, len(values))]
         return self._rows(values, missing)

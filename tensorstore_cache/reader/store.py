@@ -371,12 +371,9 @@ class CacheStore:
         self._check_open()
         check_mode("missing", missing, Missing)
         values = path_sequence(paths)
-        if len(values) > _ROWS_CHUNK:  # many paths: look each distinct one up once
-            try:
-                distinct = list(dict.fromkeys(values))
-            except TypeError:  # an unhashable item: looked up (and refused) as it is
-                distinct = None
-            if distinct is not None and len(distinct) <= _REPEATS * len(values):
+        if len(values) > _ROWS_CHUNK and _repeats(values):  # look each distinct path up once
+            distinct = list(dict.fromkeys(values))
+            if len(distinct) <= _REPEATS * len(values):
                 found = self._rows(distinct, missing)
                 where = dict(zip(distinct, range(len(distinct)), strict=True))
                 del distinct
@@ -861,6 +858,16 @@ class CacheStore:
         if self._records and self._field is not None:
             return (open_field, (self._where, self._field))
         return (open_location, (self._where,))
+
+
+def _repeats(values: Sequence[Any]) -> bool:
+    """Whether a sample of about :data:`_ROWS_CHUNK` of ``values``, evenly spaced, repeats a
+    value (paths of a ratings table do; distinct keys never cost a dict of them all)."""
+    sample = values[:: len(values) // _ROWS_CHUNK]
+    try:
+        return len(set(sample)) < len(sample)
+    except TypeError:  # an unhashable item: looked up (and refused) as it is
+        return False
 
 
 def open_field(where: Location, name: str) -> CacheStore:

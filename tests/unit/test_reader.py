@@ -163,6 +163,7 @@ def test_rows_of_repeated_paths_equal_the_rows_of_each_path(
         assert store.rows(asked).tolist() == want
         assert store.rows(np.array(asked)).tolist() == want
         assert store.rows(asked[:60]).tolist() == want[:60]  # one step, no repeats looked for
+        assert store.rows(keys).tolist() == [each[k] for k in keys]  # distinct, several steps
         assert len(store) == len(keys) and len(set(want)) > 300
         absent = [*asked[:90], "/data/covers/none.jpg", *asked[90:200], "/data/covers/none.jpg"]
         got = store.rows(absent, missing="ignore")

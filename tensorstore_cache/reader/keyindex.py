@@ -44,7 +44,7 @@ def _ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[i
 #: (a few bytes per query byte, none larger than this) stay below glibc's initial mmap
 #: threshold, so they are reused from the heap instead of raising the threshold and
 #: growing the heap for good.
-_COMPARE_BYTES = 32 << 10
+_COMPARE_BYTES = 96 << 10
 #: Keys up to this many bytes are compared in fixed-width windows (:func:`_same_windows`);
 #: longer ones, rare, byte by byte (:func:`_same_gathered`).
 _WINDOW_BYTES = 256

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 TSC = "tensorstore_cache"
+#: the same with ``identity="none"``: no ``stat`` of the sources
+TSC_NONE = "tensorstore_cache_none"
 MiB = 2**20
 
 
@@ -101,8 +103,14 @@ def run_targets(summary: dict[str, dict[str, Any]], agents: int,
         f"first round of {agents} trials, decode CPU: torch_save / {TSC}",
         _ratio(o["first_round_decode_cpu_s"] if o else None, t["first_round_decode_cpu_s"]), ">=",
         0.75 * agents, ["torch_save", TSC])
-    others = [s["wall_s"] for name, s in summary.items() if name != TSC]
-    add("wall_lowest", f"sweep wall time: fastest other method / {TSC}",
+    for name, threshold in ((TSC, 0.8), (TSC_NONE, 0.5)):
+        mine, hf = summary.get(name), summary.get("hf_datasets")
+        add(f"later_data_{name}_vs_hf_datasets",
+            f"trials started once the cache exists, time getting data: {name} / hf_datasets",
+            _ratio(mine["later_data_s"] if mine else None, hf["later_data_s"] if hf else None),
+            "<=", threshold, [name, "hf_datasets"])
+    others = [s["wall_s"] for name, s in summary.items() if name not in (TSC, TSC_NONE)]
+    add("wall_lowest", f"sweep wall time: fastest other method (but {TSC_NONE}) / {TSC}",
         _ratio(min(others), t["wall_s"]) if others else None, ">", 1.0, [TSC])
     store = t["disk_bytes"]
     peak = t["peak_node_bytes"]

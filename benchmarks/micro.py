@@ -8,6 +8,9 @@ Run ``python -m benchmarks.micro [--images N] [--workdir DIR] [--quick]``. Measu
   ``dict`` + ``np.memmap`` view of the same bytes;
 - bulk lookups (``store.rows`` of 100,000 paths) in keys per second, next to a
   ``dict`` lookup of every path into an ``int64`` array;
+- the same on the cover paths of the build (absolute paths, as the sweep's ratings
+  tables hold them): every cover once, shuffled, and every row of ``ratings.csv`` (the
+  covers with their repeats, in the table's order);
 - ``store.take`` of 256 random rows (new array, and into ``out=``) vs a plain
   ``np.memmap`` fancy-index gather of the same rows from a flat file of the same bytes.
 
@@ -21,8 +24,10 @@ Prints a table with the ratios and writes ``benchmarks/results/micro.json``.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import sys
@@ -191,6 +196,36 @@ def bench_access(location: Path, work: Path, budget_s: float) -> dict[str, Any]:
     return out
 
 
+def bench_cover_rows(location: Path, data: Path) -> dict[str, Any]:
+    """``store.rows`` on the cover paths of a store built from them, vs dict lookups."""
+    import tensorstore_cache as tsc
+
+    store = tsc.open_store(location)
+    row_of = {p: i for i, p in enumerate(store.paths)}
+    rng = np.random.default_rng(1)
+    unique = [store.paths[i] for i in rng.permutation(len(store)).tolist()]
+    prefix = str(data) + os.sep
+    with open(data / make_images.RATINGS, newline="", encoding="utf-8") as f:
+        ratings = [prefix + row["img_path"] for row in csv.DictReader(f)]
+    ratings = [p for p in ratings if p in row_of]  # covers the build skipped, if any
+    out: dict[str, Any] = {"covers": len(unique), "ratings_rows": len(ratings),
+                           "key_bytes_mean": sum(map(len, unique)) / max(1, len(unique))}
+    for name, keys in (("unique", unique), ("ratings", ratings)):
+        times = _best_times({
+            "store": lambda k=keys: store.rows(k),
+            "dict": lambda k=keys: np.fromiter(map(row_of.__getitem__, k), np.int64, len(k)),
+        }, 9)
+        assert np.array_equal(store.rows(keys), [row_of[k] for k in keys])
+        out[f"{name}_keys_per_s"] = len(keys) / times["store"]
+        out[f"{name}_dict_keys_per_s"] = len(keys) / times["dict"]
+        out[f"{name}_ratio"] = out[f"{name}_keys_per_s"] / out[f"{name}_dict_keys_per_s"]
+        log(f"rows() of {len(keys):,} cover paths ({name}): "
+            f"{out[f'{name}_keys_per_s'] / 1e6:.2f}M keys/s, dict "
+            f"{out[f'{name}_dict_keys_per_s'] / 1e6:.2f}M")
+    store.close()
+    return out
+
+
 def table(res: dict[str, Any]) -> str:
     b, o, a = res["build"], res["open"], res["access"]
     len_picks = a.get("rows_keys", 100_000)
@@ -215,6 +250,14 @@ def table(res: dict[str, Any]) -> str:
         f"| rows() of {len_picks:,} paths, keys/s, vs dict lookups into an int64 array "
         f"| {a['rows_keys_per_s']:,.0f} | {a['rows_dict_keys_per_s']:,.0f} "
         f"| {a['rows_ratio']:.2f}x |",
+        *(
+            f"| rows() of {c[name + '_n']:,} cover paths ({what}), keys/s, vs dict lookups "
+            f"| {c[name + '_keys_per_s']:,.0f} | {c[name + '_dict_keys_per_s']:,.0f} "
+            f"| {c[name + '_ratio']:.2f}x |"
+            for c in [dict(res["covers"], unique_n=res["covers"]["covers"],
+                           ratings_n=res["covers"]["ratings_rows"])] if "covers" in res
+            for name, what in (("unique", "each once"), ("ratings", "the ratings rows"))
+        ),
         f"| take 256 random rows, items/s, vs np.memmap fancy index "
         f"| {a['take_256_items_per_s']:,.0f} | {a['memmap_gather_256_items_per_s']:,.0f} "
         f"| {a['take_ratio']:.2f}x |",
@@ -250,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.micro", *sys.argv[1:]])
     res: dict[str, Any] = {"env": env}
     res["build"] = bench_build(paths, work)
+    res["covers"] = bench_cover_rows(work / "build-2.tsc", data)
     res["open"] = bench_open(sizes, work, procs=3)
     res["access"] = bench_access(work / f"synthetic-{max(sizes)}.tsc", work, budget)
     shutil.rmtree(work, ignore_errors=True)

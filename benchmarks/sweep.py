@@ -6,7 +6,8 @@ Run ``python -m benchmarks.sweep [--images N] [--agents K] [--trials N] [--runs 
 What a user decides on: "my sweep of N trials with K agents in parallel took how long, how
 much of it was waiting for data, and did the machine run out of memory?". For each method
 (no cache, the original's Manager dict and ``torch.save``, Hugging Face ``datasets``,
-tensorstore_cache) the same Optuna study is run (SQLite storage, ``load_if_exists``, the
+tensorstore_cache, checking its sources' stat as by default, and
+``tensorstore_cache_none``, the same with ``identity="none"``) the same Optuna study is run (SQLite storage, ``load_if_exists``, the
 same hyperparameter configurations enqueued in the same order) by K agent lanes: a lane
 asks the study for a trial (``study.ask()``), starts a fresh ``python`` process for it
 (:mod:`benchmarks.sweep_trial`: get the vectors of the ratings table's rows through the
@@ -49,7 +50,8 @@ from benchmarks._sweep_agents import Job, run_lanes
 from benchmarks.methods._base import ITEM_BYTES, dir_bytes
 from benchmarks.sweep_trial import AUTHKEY_ENV
 
-METHODS = ("no_cache", "manager_vectors", "torch_save", "hf_datasets", "tensorstore_cache")
+METHODS = ("no_cache", "manager_vectors", "torch_save", "hf_datasets", "tensorstore_cache",
+           "tensorstore_cache_none")
 DEFAULT_IMAGES = 20_000
 ORIGINAL_TRAIN, ORIGINAL_TEST = 129_777, 52_000
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -143,7 +145,7 @@ class Prepared:
         self.cache_roots: list[Path] = [mdir]
         self._impl: Any = None
         self._shared: Any = None
-        if name == "tensorstore_cache":
+        if name.startswith("tensorstore_cache"):
             self.state = {"cache_dir": str(mdir / "cache")}
         elif name == "no_cache":
             self.cache_roots = []

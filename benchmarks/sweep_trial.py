@@ -8,7 +8,8 @@ asked Optuna for the trial's hyperparameters and writes them into the spec). The
 2. reads the ratings tables and gets the vector of every row through the method under
    test: the train covers, then the test covers with a second call (for
    ``tensorstore_cache``, two ``tsc.cached()`` calls, the second adding the test covers
-   to the cache incrementally);
+   to the cache incrementally; ``tensorstore_cache_none`` makes the same calls with
+   ``identity="none"``: no ``stat`` of the sources);
 3. trains a small CNN rating regressor (the original solution's image branch) on
    3x32x32 vectors for at most ``steps`` batches of one epoch, batches drawn by a
    ``DataLoader`` with a seeded shuffle: through ``StoreDataset`` for tensorstore_cache,
@@ -49,7 +50,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "torch_save": ("benchmarks.methods.torch_save",),
     "hf_datasets": ("datasets", "benchmarks.methods.hf_datasets"),
     "tensorstore_cache": ("tensorstore_cache.torch",),
+    "tensorstore_cache_none": ("tensorstore_cache.torch",),
 }
+#: the tensorstore_cache methods and how each knows its entries are current
+TSC_IDENTITY = {"tensorstore_cache": "stat", "tensorstore_cache_none": "none"}
 EVAL_BATCH = 512
 
 
@@ -152,11 +156,12 @@ def get_data(spec: dict[str, Any], tables: dict[str, Any], meter: Any,
     bs = int(spec["params"]["batch_size"])
     fit_y = fit["rating"].to_numpy(np.float32)
     val_y = val["rating"].to_numpy(np.float32)
-    if method == "tensorstore_cache":
+    if method in TSC_IDENTITY:
         from tensorstore_cache.torch import StoreDataset
 
         kwargs = {"cache_dir": spec["state"]["cache_dir"], "loader": meter,
-                  "loader_id": meter.loader_id, "progress": False}
+                  "loader_id": meter.loader_id, "progress": False,
+                  "identity": TSC_IDENTITY[method]}
         store = tsc.cached(train["img_path"], **kwargs)
         test_store = tsc.cached(test["img_path"], **kwargs)  # adds the test covers
         result["t_vectors"] = time.time()
@@ -186,7 +191,7 @@ def get_data(spec: dict[str, Any], tables: dict[str, Any], meter: Any,
 def _eval(model: Any, ds: Any, method: str) -> Any:
     import torch
 
-    loader = ds.dataloader(EVAL_BATCH) if method == "tensorstore_cache" else \
+    loader = ds.dataloader(EVAL_BATCH) if method in TSC_IDENTITY else \
         batches(ds, EVAL_BATCH)
     preds, targets = [], []
     with torch.no_grad():

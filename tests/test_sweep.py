@@ -169,7 +169,9 @@ def test_report_table_targets_and_plot(sweep: Sweep) -> None:
         assert f"| {name} |" in table
     assert set(report["targets"]) == {"later_data_vs_torch_save", "later_data_vs_no_cache",
                                       "first_round_decode_vs_torch_save", "wall_lowest",
-                                      "peak_memory_vs_store"}
+                                      "peak_memory_vs_store",
+                                      "later_data_tensorstore_cache_vs_hf_datasets",
+                                      "later_data_tensorstore_cache_none_vs_hf_datasets"}
     for t in report["targets"].values():
         assert t["status"] in {"PASS", "PASS (1 run)", "MISS", "MISS (within spread)", "n/a"}
     png = (results / "sweep_timeline.png").read_bytes()

@@ -41,9 +41,13 @@ def _ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[i
 
 
 #: Query bytes compared in one vectorised step of :func:`same_bytes`: its temporaries
-#: (about 17 bytes per query byte) stay below glibc's initial mmap threshold, so they
-#: are reused from the heap instead of raising the threshold and growing the heap for good.
-_COMPARE_BYTES = 6 << 10
+#: (a few bytes per query byte, none larger than this) stay below glibc's initial mmap
+#: threshold, so they are reused from the heap instead of raising the threshold and
+#: growing the heap for good.
+_COMPARE_BYTES = 96 << 10
+#: Keys up to this many bytes are compared in fixed-width windows (:func:`_same_windows`);
+#: longer ones, rare, byte by byte (:func:`_same_gathered`).
+_WINDOW_BYTES = 256
 
 
 def same_bytes(
@@ -54,19 +58,90 @@ def same_bytes(
 ) -> npt.NDArray[np.bool_]:
     """Whether ``stored[starts[i]:stops[i]] == keys[i]`` for every ``i``, vectorised.
 
-    A gather of the candidates' stored bytes and one comparison with the keys'
-    bytes per step of about :data:`_COMPARE_BYTES`: no Python object per key
-    (``starts``/``stops`` are within ``stored``, checked by the caller).
+    Keys of the same length as their candidate are compared in steps of about
+    :data:`_COMPARE_BYTES`: no Python object per key (``starts``/``stops`` are
+    within ``stored``, checked by the caller). A step compares fixed-width
+    windows of the stored and the query bytes, one row per key, as 8-byte
+    words (:func:`_same_windows`); keys longer than :data:`_WINDOW_BYTES`, and
+    candidates too close to the end of ``stored`` for a whole window, are
+    gathered byte by byte (:func:`_same_gathered`).
     """
     lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
     begin = starts.astype(np.int64)
     same: npt.NDArray[np.bool_] = (stops.astype(np.int64) - begin) == lengths
     if len(keys) == 0:
         return same
+    short = lengths <= _WINDOW_BYTES
+    width = -(-int(lengths.max(initial=0, where=short)) // 8) * 8 or 8
+    limit = len(stored) - width  # the last start of a whole window
+    fits = short & same & (begin <= limit)
+    if limit >= 0:
+        # every key in one pass (no subset of the keys); the others' results are replaced
+        _same_windows(stored, np.minimum(begin, limit), lengths, keys, width, same)
+    rest = np.flatnonzero((stops.astype(np.int64) - begin == lengths) & ~fits)
+    if len(rest):
+        same[rest] = _same_gathered(stored, begin[rest], lengths[rest],
+                                    [keys[i] for i in rest.tolist()])
+    return same
+
+
+def _same_windows(
+    stored: npt.NDArray[np.uint8],
+    begin: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    keys: Sequence[bytes],
+    width: int,
+    same: npt.NDArray[np.bool_],
+) -> None:
+    """``same[i] &= stored[begin[i]:][:lengths[i]] == keys[i]``, for keys of at most
+    ``width`` bytes (a multiple of 8) whose window ``stored[begin[i]:][:width]`` is whole.
+
+    Each step gathers ``(keys, width)`` windows of ``stored`` and of the keys'
+    joined bytes as rows of 8-byte words (one copy per key, no index per
+    byte), XORs them, clears the bytes past each key's length (a mask row per
+    length) and looks for a non-zero word.
+    """
+    windows = _windows(stored, width)
+    keep = (np.arange(width) < np.arange(width + 1)[:, None]).astype(np.uint8)
+    keep *= 0xFF
+    masks = keep.view(np.uint64)  # masks[n]: the first n bytes of a window
+    qstarts = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=qstarts[1:])
+    step = max(1, _COMPARE_BYTES // width)
+    for a in range(0, len(keys), step):
+        b = min(a + step, len(keys))
+        query = np.frombuffer(b"".join(keys[a:b]) + bytes(width), dtype=np.uint8)
+        diff = windows[begin[a:b]]
+        diff ^= _windows(query, width)[qstarts[a:b] - qstarts[a]]
+        diff &= masks[np.minimum(lengths[a:b], width)]
+        same[a:b] &= ~diff.any(axis=1)
+
+
+def _windows(data: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint64]:
+    """The read-only ``(len(data) - width + 1, width // 8)`` view of every window of
+    ``width`` bytes of ``data``, as (unaligned) 8-byte words."""
+    view: npt.NDArray[np.uint64] = np.ndarray(
+        (len(data) - width + 1, width // 8), dtype=np.uint64, buffer=data, strides=(1, 8)
+    )
+    view.flags.writeable = False
+    return view
+
+
+def _same_gathered(
+    stored: npt.NDArray[np.uint8],
+    begin: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    keys: Sequence[bytes],
+) -> npt.NDArray[np.bool_]:
+    """Whether ``stored[begin[i]:][:lengths[i]] == keys[i]`` (lengths within ``stored``),
+    gathering every byte by its own index (any length, any position)."""
+    same = np.ones(len(keys), dtype=bool)
     ends = np.cumsum(lengths)
-    cuts = np.searchsorted(ends, np.arange(_COMPARE_BYTES, int(ends[-1]), _COMPARE_BYTES))
+    cuts = np.searchsorted(ends, np.arange(_COMPARE_BYTES // 8, int(ends[-1]),
+                                           _COMPARE_BYTES // 8))
     a = 0
-    for b in [*np.unique(cuts + 1).tolist(), len(keys)]:
+    # the step ends, in order, once each (not np.unique: it imports numpy.ma, 0.5 MiB)
+    for b in [*dict.fromkeys((cuts + 1).tolist()), len(keys)]:
         if b <= a:
             continue
         part = lengths[a:b]
@@ -77,7 +152,7 @@ def same_bytes(
         index += np.arange(len(query), dtype=np.int64)
         equal = np.empty(len(query) + 1, dtype=bool)
         np.equal(stored.take(index, mode="clip"), query, out=equal[:-1])
-        equal[-1] = True  # a start for an empty last key; such keys fail the length check
+        equal[-1] = True  # a start for an empty last key
         same[a:b] &= np.logical_and.reduceat(equal, qstarts)
         a = b
     return same

@@ -178,20 +178,38 @@ class Overlay:
         return -1, -1
 
     def find_many(self, encoded: Sequence[bytes]) -> npt.NDArray[np.int64]:
-        """Return the store row of every encoded key, -1 where absent."""
+        """Return the store row of every encoded key, -1 where absent.
+
+        Segments are searched biggest first: a key found in a live row is found
+        for good (no later segment holds it), one found in a dead row is looked
+        for in the other segments, one of which holds it live. Most keys of a
+        cache namespace (one big part, a few small ones) take one search.
+        """
         hashes = hash_encoded(encoded)
-        out = np.full(len(encoded), -1, dtype=np.int64)
         segments = self.segments
-        for k in range(len(segments) - 1, -1, -1):  # the newest segment wins
-            todo = np.flatnonzero(out < 0)
-            if len(todo) == 0:
-                break
-            if len(todo) == len(out):
+        if len(segments) == 1:
+            return segments[0].keys.find_many(encoded, hashes)
+        self._compute()
+        out = np.full(len(encoded), -1, dtype=np.int64)
+        todo: npt.NDArray[np.intp] | None = None  # None: every key
+        for k in sorted(range(len(segments)), key=lambda k: (-segments[k].n, -k)):
+            if todo is None:
                 found = segments[k].keys.find_many(encoded, hashes)
             else:
-                found = segments[k].keys.find_many([encoded[i] for i in todo.tolist()], hashes[todo])
+                found = segments[k].keys.find_many([encoded[i] for i in todo.tolist()],
+                                                   hashes[todo])
             hit = found >= 0
-            out[todo[hit]] = self.to_global(k, found[hit])
+            live, rank = self._live[k], self._rank[k]
+            if live is not None and rank is not None and hit.any():
+                where = np.flatnonzero(hit)
+                local = found[where]
+                at = rank[local]
+                hit[where] = (at >= 0) & (live[np.maximum(at, 0)] == local)
+            place = np.flatnonzero(hit) if todo is None else todo[hit]
+            out[place] = self.to_global(k, found[hit])
+            todo = np.flatnonzero(~hit) if todo is None else todo[~hit]
+            if len(todo) == 0:
+                break
         return out
 
     def gather(

@@ -42,8 +42,12 @@ if TYPE_CHECKING:
 __all__ = ["CacheStore", "Location", "open_field", "open_location"]
 
 _T = TypeVar("_T")
-#: Keys looked up per vectorised step of :meth:`CacheStore.rows`.
-_ROWS_CHUNK = 4096
+#: Keys looked up per vectorised step of :meth:`CacheStore.rows` (their temporaries stay
+#: small: a process keeps the heap that large temporaries grew).
+_ROWS_CHUNK = 1024
+#: :meth:`CacheStore.rows` of more than :data:`_ROWS_CHUNK` paths looks each distinct path
+#: up once when at most this share of them are distinct (a ratings table's paths).
+_REPEATS = 0.8
 
 
 class Location(Protocol):
@@ -367,6 +371,17 @@ class CacheStore:
         self._check_open()
         check_mode("missing", missing, Missing)
         values = path_sequence(paths)
+        if len(values) > _ROWS_CHUNK and _repeats(values):  # look each distinct path up once
+            distinct = list(dict.fromkeys(values))
+            if len(distinct) <= _REPEATS * len(values):
+                found = self._rows(distinct, missing)
+                where = dict(zip(distinct, range(len(distinct)), strict=True))
+                del distinct
+                return found[np.fromiter(map(where.__getitem__, values), np.int64, len(values))]
+        return self._rows(values, missing)
+
+    def _rows(self, values: Sequence[Any], missing: Missing) -> npt.NDArray[np.int64]:
+        """:meth:`rows` of a sequence of paths, in steps of :data:`_ROWS_CHUNK`."""
         out = np.empty(len(values), dtype=np.int64)
         missing_keys: list[str] = []
         # In chunks: the temporaries of a lookup grow with the keys' bytes, and a
@@ -843,6 +858,16 @@ class CacheStore:
         if self._records and self._field is not None:
             return (open_field, (self._where, self._field))
         return (open_location, (self._where,))
+
+
+def _repeats(values: Sequence[Any]) -> bool:
+    """Whether a sample of about :data:`_ROWS_CHUNK` of ``values``, evenly spaced, repeats a
+    value (paths of a ratings table do; distinct keys never cost a dict of them all)."""
+    sample = values[:: len(values) // _ROWS_CHUNK]
+    try:
+        return len(set(sample)) < len(sample)
+    except TypeError:  # an unhashable item: looked up (and refused) as it is
+        return False
 
 
 def open_field(where: Location, name: str) -> CacheStore:

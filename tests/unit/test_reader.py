@@ -14,9 +14,11 @@ import pytest
 import xxhash
 
 import tensorstore_cache as tsc
+from tensorstore_cache.errors import KeyNotInStoreError
 from tensorstore_cache.format.metadata import shard_count, shard_key
 from tensorstore_cache.fs.trust import Trust
 from tensorstore_cache.reader import keyindex as keyindex_module
+from tensorstore_cache.reader import store as store_module
 from tensorstore_cache.reader.assembly import SegmentSource, assemble, open_directory
 from tensorstore_cache.reader.keyindex import same_bytes
 from tensorstore_cache.reader.overlay import Overlay
@@ -67,7 +69,10 @@ def test_same_bytes_in_many_steps_matches_a_comparison_key_by_key() -> None:
     # keys whose bytes span many comparison steps, differing at their first, a middle or
     # their last byte, or in length, wherever a step boundary falls
     rng = np.random.default_rng(7)
-    keys = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8)) for n in rng.integers(1, 120, 3000)]
+    # a few keys longer than a window, compared byte by byte
+    lengths = np.where(rng.random(3000) < 0.02, rng.integers(257, 600, 3000),
+                       rng.integers(1, 120, 3000))
+    keys = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8)) for n in lengths]
     stored_keys = list(keys)
     for i in rng.choice(len(keys), 400, replace=False).tolist():
         k = bytearray(keys[i])
@@ -86,7 +91,7 @@ def test_same_bytes_in_many_steps_matches_a_comparison_key_by_key() -> None:
     place[order] = np.arange(len(keys))
     starts, stops = offsets[place], offsets[place + 1]
     got = same_bytes(np.frombuffer(blob, np.uint8), starts, stops, keys)
-    assert len(blob) > 20 * keyindex_module._COMPARE_BYTES
+    assert len(blob) > 2 * keyindex_module._COMPARE_BYTES
     assert got.tolist() == [a == b for a, b in zip(keys, stored_keys, strict=True)]
     assert not got.all() and got.sum() == len(keys) - 400
 
@@ -114,6 +119,59 @@ def test_later_segments_win_and_rows_number_live_entries(tmp_path: Path) -> None
     with pytest.raises(IndexError, match="row 4 is out of range"):
         store.vector(4)
     store.close()
+
+
+def test_bulk_lookups_find_the_newest_entry_whatever_the_segment_sizes(tmp_path: Path) -> None:
+    # the biggest segment is searched first: a key it holds in a dead row (a later, smaller
+    # segment overrides it) must still come from the newest segment
+    old = _build(tmp_path / "a.tsc", [f"k{i}" for i in range(40)])
+    mid = _build(tmp_path / "b.tsc", [f"k{i}" for i in (*range(10, 15), 40, 41)])
+    big = _build(tmp_path / "c.tsc", [f"k{i}" for i in (12, 30, *range(50, 120))])
+    old_vec = Filled((8,), sign=-1)
+    tsc.build_store([f"k{i}" for i in range(20, 25)], tmp_path / "d.tsc", loader=old_vec,
+                    loader_id="vec/1", workers=1, progress=False, identity="none").close()
+    store = layered(old, mid, big, tmp_path / "d.tsc")
+    try:
+        keys = [f"k{i}" for i in range(125)] * 2
+        rows = store.rows(keys, missing="ignore")
+        one_by_one = [store.paths.index(k) if k in store else -1 for k in keys]
+        assert rows.tolist() == one_by_one
+        assert [store.paths[r] for r in rows.tolist() if r >= 0] == [k for k in keys if k in store]
+        # k20..k24 come from the newest (smallest) segment, whose vectors are negative
+        assert all(float(store.vector(r)[0]) < 0 for r in store.rows(["k20", "k24"]).tolist())
+        assert float(store["k12"][0]) == 12.0 and float(store["k3"][0]) == 3.0
+    finally:
+        store.close()
+
+
+def test_rows_of_repeated_paths_equal_the_rows_of_each_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # absolute cover-like paths over several lookup steps, with repeats, paths that need
+    # normalising and absent paths in the same step
+    monkeypatch.setattr(store_module, "_ROWS_CHUNK", 64)
+    keys = [f"/data/covers/images/{i % 13:02x}/{i % 7:02x}/{i:010d}.01.THUMBZZZ.jpg.k{i}"
+            for i in range(400)]
+    store = layered(_build(tmp_path / "a.tsc", keys[:300]), _build(tmp_path / "b.tsc", keys[250:]))
+    try:
+        rng = np.random.default_rng(3)
+        asked = [keys[i] for i in rng.integers(0, len(keys), 1500).tolist()]
+        asked[7] = asked[7].replace("/images/", "/images//")  # normalised to a stored key
+        asked[100] = asked[100].replace("/data/", "/data/./")
+        each = {k: int(store.rows([k])[0]) for k in keys}
+        want = [each[k.replace("//", "/").replace("/./", "/")] for k in asked]
+        assert store.rows(asked).tolist() == want
+        assert store.rows(np.array(asked)).tolist() == want
+        assert store.rows(asked[:60]).tolist() == want[:60]  # one step, no repeats looked for
+        assert store.rows(keys).tolist() == [each[k] for k in keys]  # distinct, several steps
+        assert len(store) == len(keys) and len(set(want)) > 300
+        absent = [*asked[:90], "/data/covers/none.jpg", *asked[90:200], "/data/covers/none.jpg"]
+        got = store.rows(absent, missing="ignore")
+        assert got[90] == got[-1] == -1 and (np.delete(got, [90, len(got) - 1]) >= 0).all()
+        with pytest.raises(KeyNotInStoreError, match=r"none\.jpg"):
+            store.rows(absent)
+    finally:
+        store.close()
 
 
 def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:

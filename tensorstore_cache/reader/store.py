@@ -553,7 +553,10 @@ class CacheStore:
             The paths to check (default: every key of the store). Paths that
             are not in the store are not reported.
         check
-            ``"stat"`` (default): a source is stale when its size or
+            By default (neither ``check`` nor ``identity`` given) each entry is
+            judged the way it was recorded: by ``"stat"``, and never stale if
+            it was built with ``identity="none"``.
+            ``"stat"``: a source is stale when its size or
             modification time (ns) differs from the one recorded before it
             was read, or it no longer exists; an entry whose source had been
             modified just before it was read (racily clean) is also compared
@@ -582,9 +585,20 @@ class CacheStore:
         kind, token_fn = resolve_identity(identity, check)
         if kind == "none":
             return []
+        as_recorded = identity is None and check is None
+        if as_recorded and all(seg.spec.identity == "none" for seg in self.segments):
+            return []  # built with identity="none": nothing is ever stale
         keys = self.paths if paths is None else list(dict.fromkeys(normalize_keys(paths)))
         rows = self.rows(keys, missing="ignore")
         present = np.flatnonzero(rows >= 0)
+        if as_recorded:  # each entry judged the way it was recorded
+            kinds = self.source_identity(rows[present]).recorded
+            if bool(np.any(kinds == "token")):
+                raise TypeError(
+                    f"entries of {self._location!r} were recorded with version tokens: pass "
+                    "identity=<the function of the keys giving their tokens> to check them"
+                )
+            present = present[kinds != "none"]
         found = [keys[i] for i in present.tolist()]
         recorded = self.source_identity(rows[present], content_hash=kind != "token")
         tokens = None

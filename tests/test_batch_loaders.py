@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -203,3 +204,43 @@ def test_an_incremental_add_computes_only_the_new_keys(tmp_path: Path, where: st
     assert sum(int(n) for _pid, n, _first in events(where, "batch")) == len(keys)
     assert "k20" in firsts  # the second build's first batch starts at the first new key
     assert len(events(where, "setup")) == 2  # a device worker per build
+
+
+def test_cpu_workers_wait_for_a_slow_device_worker_when_nothing_is_probed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ._slow_start import SlowStart
+
+    monkeypatch.setenv("TSC_TEST_SLOW_IMPORT", "3")  # the device worker's import, not ours
+    keys = _keys(300)
+    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=SlowStart(), loader_id="slow/1",
+                            identity="none", batch_size=8, workers=2, progress=False)
+    np.testing.assert_array_equal(store.stack(keys)[:, 0], np.arange(300, dtype=np.float32))
+
+
+def test_a_result_that_cannot_be_sent_back_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    code = (
+        "import tensorstore_cache as tsc\n"
+        "from tests._slow_start import Unsendable\n"
+        "try:\n"
+        f"    tsc.build_store(['k1', 'k2', 'k3'], {str(tmp_path / 's.tsc')!r}, loader=Unsendable(),"
+        " loader_id='u/1', identity='none', batch_size=2, workers=1, progress=False)\n"
+        "except tsc.BuildError as err:\n"
+        "    print(err)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=JOIN_S)
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot be sent back" in proc.stdout and "k1" in proc.stdout and "k3" in proc.stdout
+
+
+def test_results_without_one_row_per_item_name_the_batch() -> None:
+    from tensorstore_cache.writer.batches import _rows
+
+    ragged = [np.zeros(2, np.float32), np.zeros(3, np.float32)]
+    with pytest.raises(tsc.BuildError, match=r"rows of different shapes.*'k0'"):
+        _rows(ragged, 2, "k0", None)
+    with pytest.raises(tsc.BuildError, match=r"leading dimension 3.*'k0'"):
+        _rows(np.zeros((3, 4)), 2, "k0", None)
+    assert [r.tolist() for r in _rows({"ids": ragged}, 2, "k0", None)[1].values()] == [[0, 0, 0]]

@@ -284,6 +284,8 @@ class Ragged:
         >>> b.lengths.tolist(), b[1].tolist()
         ([2, 3], [2, 3, 4])
         """
+        if len(offsets) == 0 or int(offsets[0]) != 0:
+            raise ValueError("a batch's offsets start at 0 and hold one more entry than rows")
         batch = object.__new__(Ragged)
         for name, value in (("dtype", self.dtype), ("shape", self.shape), ("values", values),
                             ("offsets", offsets), ("shapes", shapes)):

@@ -30,6 +30,8 @@ from .tasks import ShardTask, check_item, source_identity
 
 __all__ = ["device_workers", "devices_for", "first_batch", "per_key"]
 
+#: Seconds a device worker may take to exit after its last batch before it is killed.
+DEVICE_EXIT_S = 60.0
 #: Batches the building process prepares and queues at most while it waits for the first
 #: answer of a device worker (which may be importing its framework and loading its model).
 FIRST_BATCHES = 8
@@ -88,8 +90,7 @@ def device_workers(
                    for device, address in zip(devices, addresses, strict=True)]
         stage._started = lambda: wait_listening(futures, addresses, devices)
         yield stage
-        if stage._started is not None:  # never connected
-            stage._started()
+        stage.wait_started()  # never connected otherwise
         stage.close()
         stage.stop()
         for future in futures:
@@ -99,7 +100,8 @@ def device_workers(
         pool.abort()
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    pool.close(wait=False)  # they exit once their model is torn down; nobody waits for it
+    # a device's memory is free again before the build returns (another build may need it)
+    pool.close(timeout=DEVICE_EXIT_S)
     shutil.rmtree(scratch, ignore_errors=True)
 
 

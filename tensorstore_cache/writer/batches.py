@@ -73,7 +73,11 @@ def _rows(result: Any, n: int, first: str, names: tuple[str, ...] | None) -> lis
                 raise wrong(f"{len(rows)} rows of field {name!r}")
             columns[str(name)] = rows
         return [{name: rows[i] for name, rows in columns.items()} for i in range(n)]
-    array = np.asarray(result)
+    try:
+        array = np.asarray(result)
+    except ValueError:  # rows of different shapes: a ragged result outside a dict
+        raise wrong(f"rows of different shapes ({type(result).__name__}); a ragged field "
+                    "goes in a dict of fields") from None
     if array.ndim == 0 or array.shape[0] != n:
         shape = "a scalar" if array.ndim == 0 else f"leading dimension {array.shape[0]}"
         raise wrong(f"{shape} (shape {array.shape})")

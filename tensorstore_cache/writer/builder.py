@@ -451,6 +451,8 @@ def _build_into(
     ]
     for row, done in (probed or {}).items():
         tasks[row // s].computed[row % s] = done
+    if stage is not None:  # the CPU workers connect to the device workers at once
+        stage.wait_started()
     results = run_tasks(
         tasks, workers=workers, progress=options.progress, executor=options.executor,
         target=Path(label), n=n, label=options.label,

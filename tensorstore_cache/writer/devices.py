@@ -5,7 +5,7 @@ CPU workers: they run ``prepare`` on their keys and send the prepared items,
 a batch at a time, to a device worker. Device workers are workers of a
 :class:`~.pool.BuildPool` of their own (started by
 :func:`~.batched.device_workers` from a clean interpreter, so CUDA works in
-them; exiting with their builder), each of which sets
+them; joined, or killed after a while, before the build returns), each of which sets
 the loader's ``device``, calls its ``setup`` once and then serves batches
 until the builder says stop. The calling process never unpickles the
 loader's model: it imports nothing the loader's ``setup`` imports.
@@ -39,6 +39,8 @@ __all__ = ["DeviceStage", "serve", "wait_listening"]
 
 #: How long the builder waits for its device workers to listen (seconds).
 START_TIMEOUT_S = 600.0
+#: Seconds a connection is retried while a listening device worker's socket is not ready.
+CONNECT_RETRY_S = 5.0
 #: How many of the loader's own frames a failure reports.
 TRACE_FRAMES = 3
 
@@ -117,9 +119,12 @@ class DeviceStage:
 
     def stop(self) -> None:
         """Tell every device worker to stop once it has answered what it was sent."""
-        for address in self.addresses:
-            with Client(address, family="AF_UNIX", authkey=self.authkey) as conn:
-                conn.send(None)
+        for d, address in enumerate(self.addresses):
+            try:
+                with Client(address, family="AF_UNIX", authkey=self.authkey) as conn:
+                    conn.send(None)
+            except (OSError, EOFError) as exc:
+                raise self._died(d, exc) from None
 
     def close(self) -> None:
         """Close this process's connections."""
@@ -127,13 +132,26 @@ class DeviceStage:
             conn.close()
         self._conns.clear()
 
+    def wait_started(self) -> None:
+        """In the building process: wait until every device worker listens (once; before
+        any CPU worker may connect)."""
+        if self._started is not None:
+            started, self._started = self._started, None
+            started()
+
     def _conn(self, d: int) -> Connection:
         conn = self._conns.get(d)
         if conn is None:
-            if self._started is not None:
-                started, self._started = self._started, None
-                started()
-            conn = Client(self.addresses[d], family="AF_UNIX", authkey=self.authkey)
+            self.wait_started()
+            deadline = time.monotonic() + CONNECT_RETRY_S
+            while True:  # a listener's socket file exists a moment before it listens
+                try:
+                    conn = Client(self.addresses[d], family="AF_UNIX", authkey=self.authkey)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
             self._conns[d] = conn
         return conn
 
@@ -151,7 +169,8 @@ def _as_numpy(value: Any) -> Any:
     if isinstance(value, dict):
         return {name: _as_numpy(v) for name, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_as_numpy(v) for v in value)
+        items = [_as_numpy(v) for v in value]
+        return items if type(value) is list else tuple(items)  # namedtuples too
     detach = getattr(value, "detach", None)
     if callable(detach):  # a torch tensor, possibly on a GPU: bring it home
         return detach().cpu().numpy()
@@ -208,8 +227,15 @@ def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
                     reply = ("ok", _as_numpy(loader(items)), "")
                 except Exception as exc:  # the CPU worker retries the batch key by key
                     reply = ("error", f"{type(exc).__name__}: {exc}", _frames(exc))
-            with contextlib.suppress(OSError):
+            try:
                 conn.send(reply)
+            except OSError:
+                pass  # the CPU worker is gone: its builder reports why
+            except Exception as exc:  # the result does not pickle: say so, never leave it waiting
+                with contextlib.suppress(OSError):
+                    conn.send(("error", f"the batch's result cannot be sent back to the build "
+                               f"({type(exc).__name__}: {exc}); return arrays or a dict of "
+                               "arrays", ""))
     finally:
         listener.close()
 

@@ -256,9 +256,23 @@ class BuildPool:
         future: Future[None] = self._executor.submit(_serve_pooled, device, address, authkey)
         return future
 
-    def close(self, wait: bool = True) -> None:
-        """Let the workers finish and exit (after every task is done); ``wait`` for them."""
-        self._executor.shutdown(wait=wait)
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Let the workers finish and exit (after every task is done); ``wait`` for them.
+
+        With ``timeout``: wait at most that many seconds for every worker to exit, then
+        kill those left (a worker tearing down a model that will not let go).
+        """
+        if timeout is None:
+            self._executor.shutdown(wait=wait)
+            shutil.rmtree(self._status_dir, ignore_errors=True)
+            return
+        self._executor.shutdown(wait=False)
+        deadline = time.monotonic() + timeout
+        for process in self._context.started:
+            if process.pid is not None:
+                process.join(max(0.0, deadline - time.monotonic()))
+        if any(p.pid is not None and p.exitcode is None for p in self._context.started):
+            self.abort()
         shutil.rmtree(self._status_dir, ignore_errors=True)
 
     def abort(self) -> None:

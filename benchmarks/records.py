@@ -78,7 +78,7 @@ def parse(argv: list[str] | None) -> Config:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=DEFAULT_IMAGES,
                         help=f"covers, one record each (default {DEFAULT_IMAGES}; 181777 = the "
-                        "seed's scale)")
+                        "original script's scale)")
     parser.add_argument("--methods", default=",".join(DEFAULT),
                         help=f"comma-separated (default {','.join(DEFAULT)}; known: "
                         f"{', '.join(METHODS)})")

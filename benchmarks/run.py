@@ -98,7 +98,7 @@ def disk_check(cfg: Config) -> dict[str, Any]:
 def parse(argv: list[str] | None) -> Config:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=None,
-                        help=f"unique covers (default {DEFAULT_IMAGES}; 181777 = the seed's scale)")
+                        help=f"unique covers (default {DEFAULT_IMAGES}; 181777 = the original script's scale)")
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny run ({QUICK_IMAGES} covers, short budgets), for tests")
     parser.add_argument("--workdir", type=Path, default=None,

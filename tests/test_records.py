@@ -431,3 +431,8 @@ def test_records_in_a_worker_pool(paths: list[str], tmp_path: Path) -> None:
     assert all(same(s[p], expected(p, boxes=True)) for p in paths)
     assert s.report().ok
     assert os.path.isdir(Path(s.location) / "fields") and not (Path(s.location) / "runs").exists()
+
+
+def test_take_names_a_uint64_row_out_of_range_unwrapped(store: tsc.CacheStore) -> None:
+    with pytest.raises(IndexError, match=f"row {2**63 + 5} is out of range"):
+        store.take(np.array([0, 2**63 + 5], np.uint64))

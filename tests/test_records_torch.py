@@ -101,6 +101,9 @@ def test_packed_and_nested_batches_need_the_collate(store: tsc.CacheStore) -> No
     with pytest.raises(TypeError, match="nested"):
         next(iter(DataLoader(StoreDataset(store, fields=["pic"], ragged="nested"), batch_size=4,
                              collate_fn=collate)))
+    with pytest.raises(TypeError, match=r"ragged='packed'.*'pic'"):  # its shapes would be lost
+        next(iter(DataLoader(StoreDataset(store, fields=["pic"], ragged="packed"), batch_size=4,
+                             collate_fn=collate)))
 
 
 def test_one_gather_per_field_per_batch(store: tsc.CacheStore, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -422,8 +422,10 @@ class CacheStore:
         idx = np.asarray(rows)
         if idx.ndim != 1 or not (idx.dtype.kind in "iu" or idx.size == 0):
             raise TypeError(f"rows must be a 1-D array of integers, got shape {idx.shape} {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
         n = len(self)
+        if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= n:  # before a cast wraps it
+            raise IndexError(f"row {int(idx.max())} is out of range for a store of {n} rows")
+        idx = idx.astype(np.int64, copy=False)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
             bad = idx[(idx < 0) | (idx >= n)][0]
             raise IndexError(f"row {int(bad)} is out of range for a store of {n} rows")

@@ -100,6 +100,16 @@ def record_batch(
             out[f"{name}_len"] = _tensor(
                 lengths if max_len is None else np.minimum(lengths, max_len), shared)
         elif ragged == "packed":
+            if batch.shapes is not None:
+                raise TypeError(
+                    f"ragged='packed' holds fields that vary in their first dimension only; "
+                    f"{name!r} has shape {f.shape}: use ragged='pad'"
+                )
+            if int(batch.offsets[-1]) >= 2**31:
+                raise ValueError(
+                    f"a batch of {int(batch.offsets[-1]):,} values of {name!r} passes int32 "
+                    "offsets (cu_seqlens); use smaller batches"
+                )
             out[name] = _tensor(batch.values, shared)
             out[f"{name}_offsets"] = _tensor(batch.offsets.astype(np.int32), shared)
         else:

@@ -22,6 +22,10 @@ from benchmarks.s3server import S3Process
 
 from . import _uids
 
+#: Modules that tests import only in other processes (a model's module, one that imports
+#: slowly): --doctest-modules must not import them into the test process.
+collect_ignore = ["_batch_model.py", "_slow_start.py"]
+
 
 def write_images(root: Path, n: int, *, seed: int = 0, gray_every: int = 0) -> list[str]:
     """Write ``n`` small JPEG covers of varied sizes under ``root``; return their paths."""

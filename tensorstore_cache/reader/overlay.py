@@ -204,7 +204,10 @@ class Overlay:
                 where = np.flatnonzero(hit)
                 local = found[where]
                 at = rank[local]
-                hit[where] = (at >= 0) & (live[np.maximum(at, 0)] == local)
+                if len(live):  # else every row of segment k is dead
+                    hit[where] = (at >= 0) & (live[np.maximum(at, 0)] == local)
+                else:
+                    hit[where] = False
             place = np.flatnonzero(hit) if todo is None else todo[hit]
             out[place] = self.to_global(k, found[hit])
             todo = np.flatnonzero(~hit) if todo is None else todo[~hit]

@@ -13,18 +13,21 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
 __all__ = [
+    "KeyLayout",
     "PathLike",
     "encode_key",
     "encode_keys",
+    "encode_keys_laid_out",
     "hash_encoded",
     "hash_key",
+    "key_layout",
     "normalize_key",
     "normalize_keys",
     "path_sequence",
@@ -179,8 +182,99 @@ def _plain(joined: bytes) -> bool:
     return True
 
 
+class KeyLayout(NamedTuple):
+    """Where encoded keys lie in one buffer, for comparing them all at once.
+
+    Key ``i`` is ``joined[starts[i] : starts[i] + lengths[i]]``; the spans are
+    in order but need not be adjacent (:meth:`take` keeps the buffer).
+    """
+
+    joined: bytes
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+
+    def take(self, index: npt.NDArray[np.intp]) -> KeyLayout:
+        """The layout of the keys at ``index``, in that order (same buffer)."""
+        return KeyLayout(self.joined, self.starts[index], self.lengths[index])
+
+
+def key_layout(encoded: Sequence[bytes]) -> KeyLayout:
+    """Return the layout of separately encoded keys (joined into one buffer)."""
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    starts = np.zeros(len(encoded), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return KeyLayout(b"".join(encoded), starts, lengths)
+
+
+def _plain_starts(joined: bytes, count: int) -> npt.NDArray[np.int64] | None:
+    """Where each of ``count`` keys joined by NUL starts, if every one is its own key.
+
+    The conditions of :func:`normalize_key`'s fast path, checked with a few
+    vectorised passes over ``joined`` (like :func:`_plain`, with the positions
+    of the separators it also returns): no key is empty, starts with ``.``,
+    ends with ``/`` or holds ``//`` or ``/.``, and no key holds a NUL (one
+    separator less than ``count - 1`` would say so). None when one fails.
+    Its temporaries grow with ``joined``: for chunks of keys.
+    """
+    if count == 0 or not joined or joined[0] in (0, _DOT) or joined[-1] in (0, _SLASH):
+        return None
+    data = np.frombuffer(joined, dtype=np.uint8)
+    seps = np.flatnonzero(data == 0)
+    if len(seps) != count - 1:
+        return None
+    # within the buffer: its first and last bytes are not separators
+    first = data[seps + 1]  # the first byte of every key but the first
+    if ((first == _DOT) | (first == 0)).any() or (data[seps - 1] == _SLASH).any():
+        return None
+    # "/" followed by "/" or ".": (b | 1) == "/" only for those two
+    pairs = data[:-1] == _SLASH
+    pairs &= (data[1:] | 1) == _SLASH
+    if pairs.any():
+        return None
+    starts = np.empty(count, dtype=np.int64)
+    starts[0] = 0
+    np.add(seps, 1, out=starts[1:])
+    return starts
+
+
+def encode_keys_laid_out(
+    paths: Sequence[Any] | npt.NDArray[Any],
+) -> tuple[Sequence[str], list[bytes], KeyLayout]:
+    """:func:`encode_keys`, with the layout of the encoded keys in one buffer.
+
+    For a chunk of paths: its temporaries grow with their bytes.
+
+    Returns
+    -------
+    keys : sequence of str
+        The normalised keys (``paths`` itself when every path already is one).
+    encoded : list of bytes
+        Their stored bytes, in order.
+    layout : KeyLayout
+        The same bytes, joined.
+    """
+    if len(paths) == 0:
+        return [], [], KeyLayout(b"", np.empty(0, np.int64), np.empty(0, np.int64))
+    try:
+        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
+    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...): key by key
+        joined = b""
+    keys: Sequence[str] = paths  # type: ignore[assignment]
+    starts = _plain_starts(joined, len(paths)) if joined else None
+    if starts is None:
+        keys = [normalize_key(p) for p in paths]
+        joined = "\x00".join(keys).encode("utf-8", "surrogateescape")
+        starts = np.zeros(len(keys), dtype=np.int64)
+        starts[1:] = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 0) + 1
+    lengths = np.empty(len(keys), dtype=np.int64)
+    np.subtract(starts[1:], starts[:-1] + 1, out=lengths[:-1])
+    lengths[-1] = len(joined) - starts[-1]
+    return keys, joined.split(b"\x00"), KeyLayout(joined, starts, lengths)
+
+
 def encode_keys(paths: Sequence[Any] | npt.NDArray[Any]) -> tuple[Sequence[str], list[bytes]]:
-    """Normalise and encode many paths at once (the bulk form of the two above).
+    """Normalise and encode many paths at once (the bulk form of :func:`normalize_key` and
+    :func:`encode_key`).
 
     Parameters
     ----------
@@ -199,18 +293,7 @@ def encode_keys(paths: Sequence[Any] | npt.NDArray[Any]) -> tuple[Sequence[str],
     TypeError, ValueError
         As :func:`normalize_key`, for the first bad path.
     """
-    if len(paths) == 0:
-        return [], []
-    try:
-        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
-    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...): key by key
-        joined = b""
-    if _plain(joined):
-        encoded = joined.split(b"\x00")
-        if len(encoded) == len(paths):  # else a path holds a NUL: normalize_key says so
-            return paths, encoded  # type: ignore[return-value]
-    keys = [normalize_key(p) for p in paths]
-    encoded = "\x00".join(keys).encode("utf-8", "surrogateescape").split(b"\x00")
+    keys, encoded, _ = encode_keys_laid_out(paths)
     return keys, encoded
 
 

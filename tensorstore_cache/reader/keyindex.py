@@ -5,7 +5,8 @@ compared byte for byte with the stored key (``key_offsets`` into
 ``key_bytes``, in row order). A single lookup narrows the binary search with a
 small table of bucket starts (the top bits of the hash), built on the first
 single lookup; a lookup of many keys is vectorised, the byte comparison
-included.
+included: every candidate at once (:func:`all_same`), key by key
+(:func:`same_bytes`) only when that fails.
 
 The index arrays are checked where they are used (``O(1)`` per lookup), not
 at open: a damaged index raises :class:`~tensorstore_cache.errors.CorruptStoreError`
@@ -24,8 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CorruptStoreError
+from ..format import KeyLayout, key_layout
 
-__all__ = ["KeyIndex", "same_bytes"]
+__all__ = ["KeyIndex", "all_same", "same_bytes"]
 
 _bisect_left = bisect.bisect_left
 #: Largest bucket table of a single lookup: 2**16 starts.
@@ -48,6 +50,56 @@ _COMPARE_BYTES = 96 << 10
 #: Keys up to this many bytes are compared in fixed-width windows (:func:`_same_windows`);
 #: longer ones, rare, byte by byte (:func:`_same_gathered`).
 _WINDOW_BYTES = 256
+#: Most windows per key of :func:`all_same` (the longest key over the shortest, rounded up).
+_MAX_WINDOWS = 4
+
+
+def all_same(
+    stored: npt.NDArray[np.uint8],
+    begin: npt.NDArray[np.int64],
+    keys: KeyLayout,
+) -> bool:
+    """Whether ``stored[begin[i]:][:keys.lengths[i]]`` is key ``i`` of ``keys``, for every ``i``.
+
+    One answer for all the keys (a lookup's candidates nearly always all
+    match: their hashes do): every key is covered by a few windows as long as
+    the shortest key, at offsets ``0, w, 2w, ...``, the last one ending where
+    the key ends. Each window of every key is gathered from ``stored`` and from
+    the keys' buffer as one item of ``w`` bytes (one copy, no mask), and the
+    two gathers are compared as two ``bytes``, in steps of about
+    :data:`_COMPARE_BYTES`. The spans must lie within ``stored`` (checked by
+    the caller). False also when the lengths differ too much for
+    :data:`_MAX_WINDOWS` windows, or a key is empty: :func:`same_bytes` then
+    says which keys differ.
+    """
+    lengths = keys.lengths
+    if len(lengths) == 0:
+        return True
+    width = int(lengths.min())
+    windows = -(-int(lengths.max()) // width) if width else _MAX_WINDOWS + 1
+    if windows > _MAX_WINDOWS:
+        return False
+    ours = _items(stored, width)
+    theirs = _items(np.frombuffer(keys.joined, dtype=np.uint8), width)
+    step = max(1, _COMPARE_BYTES // width)
+    for a in range(0, len(lengths), step):
+        b = min(a + step, len(lengths))
+        last = lengths[a:b] - width  # the offset of the window ending with the key
+        for w in range(windows):
+            at = np.minimum(last, w * width) if w else 0
+            # bytes compare with memcmp (memoryviews of numpy arrays compare item by item)
+            if ours[begin[a:b] + at].tobytes() != theirs[keys.starts[a:b] + at].tobytes():
+                return False
+    return True
+
+
+def _items(data: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.void]:
+    """The read-only view of every ``width`` bytes of ``data`` (overlapping) as one item."""
+    view: npt.NDArray[np.void] = np.ndarray(
+        (len(data) - width + 1,), dtype=np.dtype((np.void, width)), buffer=data, strides=(1,)
+    )
+    view.flags.writeable = False
+    return view
 
 
 def same_bytes(
@@ -249,35 +301,55 @@ class KeyIndex:
         return -1
 
     def find_many(
-        self, encoded: Sequence[bytes], hashes: npt.NDArray[np.uint64]
+        self,
+        encoded: Sequence[bytes],
+        hashes: npt.NDArray[np.uint64],
+        layout: KeyLayout | None = None,
     ) -> npt.NDArray[np.int64]:
         """Return the row of every key, -1 where absent.
 
         The search is vectorised, and so is the byte-for-byte comparison of
-        every candidate with its stored key; only hash collisions fall back to
-        a scan.
+        every candidate with its stored key (all at once, then key by key if
+        one differs); only hash collisions fall back to a scan. ``layout``
+        holds the same keys joined (:func:`~tensorstore_cache.format.key_layout`
+        of ``encoded`` when not given).
         """
-        out = np.full(len(encoded), -1, dtype=np.int64)
         if self.n == 0 or len(encoded) == 0:
-            return out
-        pos = np.minimum(np.searchsorted(self.key_hash, hashes, side="left"), self.n - 1)
+            return np.full(len(encoded), -1, dtype=np.int64)
+        pos = np.searchsorted(self.key_hash, hashes, side="left")
+        np.minimum(pos, self.n - 1, out=pos)
         hit = self.key_hash[pos] == hashes
         every = bool(hit.all())
         cand = np.arange(len(encoded)) if every else np.flatnonzero(hit)
-        if len(cand) == 0:
+        out = None if every else np.full(len(encoded), -1, dtype=np.int64)
+        if out is not None and len(cand) == 0:
             return out
         rows: npt.NDArray[np.int64] = np.asarray(
             self.key_row[pos if every else pos[cand]], dtype=np.int64
         )
-        if int(rows.min()) < 0 or int(rows.max()) >= self.n:
+        if int(rows.view(np.uint64).max()) >= self.n:  # a negative row too
             bad_row = int(rows[(rows < 0) | (rows >= self.n)][0])
             raise self._bad_index("key_row", f"an entry names row {bad_row} of {self.n}")
         offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
         starts_u, stops_u = offsets[rows], offsets[rows + 1]
         if np.any(stops_u < starts_u) or int(stops_u.max()) > len(self.key_bytes):
             raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
+        stored = np.asarray(self.key_bytes, dtype=np.uint8)
+        if layout is None:
+            layout = key_layout(encoded)
+        mine = layout if every else layout.take(cand)
+        begin = starts_u.view(np.int64)  # within the key bytes: no sign
+        if bool(((stops_u - starts_u).view(np.int64) == mine.lengths).all()) and all_same(
+            stored, begin, mine
+        ):
+            if out is None:  # every key found: its rows are the answer
+                return rows
+            out[cand] = rows
+            return out
+        if out is None:
+            out = np.full(len(encoded), -1, dtype=np.int64)
         keys = encoded if every else [encoded[i] for i in cand.tolist()]
-        same = same_bytes(np.asarray(self.key_bytes, dtype=np.uint8), starts_u, stops_u, keys)
+        same = same_bytes(stored, starts_u, stops_u, keys)
         out[cand[same]] = rows[same]
         for i in cand[~same].tolist():  # hash collision (or a different key): scan
             out[i] = self.find(encoded[i], int(hashes[i]))

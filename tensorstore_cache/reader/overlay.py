@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..format import encode_key, hash_encoded, hash_key
+from ..format import KeyLayout, encode_key, hash_encoded, hash_key, key_layout
 from .segment import Segment
 
 __all__ = ["Overlay", "overridden_rows"]
@@ -177,27 +177,32 @@ class Overlay:
                 return k, row
         return -1, -1
 
-    def find_many(self, encoded: Sequence[bytes]) -> npt.NDArray[np.int64]:
+    def find_many(
+        self, encoded: Sequence[bytes], layout: KeyLayout | None = None
+    ) -> npt.NDArray[np.int64]:
         """Return the store row of every encoded key, -1 where absent.
 
         Segments are searched biggest first: a key found in a live row is found
         for good (no later segment holds it), one found in a dead row is looked
         for in the other segments, one of which holds it live. Most keys of a
         cache namespace (one big part, a few small ones) take one search.
+        ``layout`` holds the same keys joined (made here when not given).
         """
         hashes = hash_encoded(encoded)
         segments = self.segments
+        if layout is None:
+            layout = key_layout(encoded)
         if len(segments) == 1:
-            return segments[0].keys.find_many(encoded, hashes)
+            return segments[0].keys.find_many(encoded, hashes, layout)
         self._compute()
         out = np.full(len(encoded), -1, dtype=np.int64)
         todo: npt.NDArray[np.intp] | None = None  # None: every key
         for k in sorted(range(len(segments)), key=lambda k: (-segments[k].n, -k)):
             if todo is None:
-                found = segments[k].keys.find_many(encoded, hashes)
+                found = segments[k].keys.find_many(encoded, hashes, layout)
             else:
                 found = segments[k].keys.find_many([encoded[i] for i in todo.tolist()],
-                                                   hashes[todo])
+                                                   hashes[todo], layout.take(todo))
             hit = found >= 0
             live, rank = self._live[k], self._rank[k]
             if live is not None and rank is not None and hit.any():

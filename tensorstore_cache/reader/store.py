@@ -22,7 +22,7 @@ from ..format import (
     StoreSpec,
     Text,
     VerifyReport,
-    encode_keys,
+    encode_keys_laid_out,
     hash_key,
     normalize_key,
     normalize_keys,
@@ -372,12 +372,18 @@ class CacheStore:
         check_mode("missing", missing, Missing)
         values = path_sequence(paths)
         if len(values) > _ROWS_CHUNK and _repeats(values):  # look each distinct path up once
-            distinct = list(dict.fromkeys(values))
-            if len(distinct) <= _REPEATS * len(values):
-                found = self._rows(distinct, missing)
-                where = dict(zip(distinct, range(len(distinct)), strict=True))
-                del distinct
-                return found[np.fromiter(map(where.__getitem__, values), np.int64, len(values))]
+            first: dict[Any, int] = {}  # path -> where it first occurs
+            try:  # one dict operation per path: where each path first occurs
+                at = np.fromiter(map(first.setdefault, values, range(len(values))), np.int64,
+                                 len(values))
+            except TypeError:  # an unhashable item: looked up (and refused) as it is
+                return self._rows(values, missing)
+            if len(first) <= _REPEATS * len(values):
+                found = np.empty(len(values), dtype=np.int64)  # filled where paths first occur
+                found[np.fromiter(first.values(), np.int64, len(first))] = self._rows(
+                    list(first), missing
+                )
+                return found[at]
         return self._rows(values, missing)
 
     def _rows(self, values: Sequence[Any], missing: Missing) -> npt.NDArray[np.int64]:
@@ -387,8 +393,8 @@ class CacheStore:
         # In chunks: the temporaries of a lookup grow with the keys' bytes, and a
         # process keeps freed heap, so one huge call would cost memory for good.
         for start in range(0, len(values), _ROWS_CHUNK):
-            keys, encoded = encode_keys(values[start : start + _ROWS_CHUNK])
-            found = self._overlay.find_many(encoded)
+            keys, encoded, layout = encode_keys_laid_out(values[start : start + _ROWS_CHUNK])
+            found = self._overlay.find_many(encoded, layout)
             out[start : start + len(encoded)] = found
             if missing == "raise" and not bool(found.min(initial=0) >= 0):
                 missing_keys.extend(str(keys[i]) for i in np.flatnonzero(found < 0).tolist())

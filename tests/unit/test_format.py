@@ -49,6 +49,10 @@ def test_bulk_encoding_is_key_by_key_encoding(paths: list[str]) -> None:
     want = [keys.normalize_key(p) for p in paths]
     assert [str(k) for k in got_keys] == want
     assert got_encoded == [keys.encode_key(k) for k in want]
+    laid_keys, laid_encoded, layout = keys.encode_keys_laid_out(paths)
+    assert [str(k) for k in laid_keys] == want and laid_encoded == got_encoded
+    spans = zip(layout.starts.tolist(), layout.lengths.tolist(), strict=True)
+    assert [layout.joined[a : a + n] for a, n in spans] == got_encoded
 
 
 def test_bulk_encoding_of_paths_and_bad_values() -> None:

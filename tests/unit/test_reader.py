@@ -15,12 +15,13 @@ import xxhash
 
 import tensorstore_cache as tsc
 from tensorstore_cache.errors import KeyNotInStoreError
+from tensorstore_cache.format.keys import key_layout
 from tensorstore_cache.format.metadata import shard_count, shard_key
 from tensorstore_cache.fs.trust import Trust
 from tensorstore_cache.reader import keyindex as keyindex_module
 from tensorstore_cache.reader import store as store_module
 from tensorstore_cache.reader.assembly import SegmentSource, assemble, open_directory
-from tensorstore_cache.reader.keyindex import same_bytes
+from tensorstore_cache.reader.keyindex import all_same, same_bytes
 from tensorstore_cache.reader.overlay import Overlay
 from tensorstore_cache.reader.segment import Segment
 from tensorstore_cache.reader.store import CacheStore
@@ -51,6 +52,10 @@ def test_single_and_bulk_lookups_agree_with_a_dict(tmp_path: Path, n: int) -> No
         # a hash that is stored with other bytes is not a hit (the bytes are compared)
         assert seg.keys.find(b"not-this", int(hashes[0])) == -1
         assert seg.keys.find_many([b"not-this"], hashes[:1]).tolist() == [-1]
+        # ... nor is one of the same length, beside keys that are found
+        forged = [*encoded[:n], encoded[0][:-1] + b"X"]
+        forged_hashes = np.append(hashes[:n], hashes[0])
+        assert seg.keys.find_many(forged, forged_hashes).tolist() == [*range(n), -1]
     finally:
         seg.close()
 
@@ -63,6 +68,37 @@ def test_same_bytes_compares_lengths_and_every_byte() -> None:
     assert same_bytes(stored, starts, stops, keys).tolist() == [True, False, True, False, True]
     assert same_bytes(stored, starts[:1], stops[:1], [b"ab"]).tolist() == [False]
 
+
+
+def test_all_same_compares_every_byte_of_keys_of_any_lengths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # keys of 5 to 20 bytes: covered by up to 4 windows of 5 bytes; one changed byte
+    # anywhere (or a key stored at another place) makes the answer False
+    rng = np.random.default_rng(11)
+    keys = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8))
+            for n in rng.integers(5, 21, 300)]
+    keys[0] = keys[0][:5]
+    keys[1] = bytes(rng.integers(97, 123, 20, dtype=np.uint8))
+    stored = np.frombuffer(b"zz" + b"".join(keys), np.uint8)
+    begin = np.cumsum([2, *map(len, keys[:-1])]).astype(np.int64)
+    mine = key_layout(keys)
+    assert all_same(stored, begin, mine)
+    monkeypatch.setattr(keyindex_module, "_COMPARE_BYTES", 64)  # many steps
+    assert all_same(stored, begin, mine)
+    assert all_same(stored, begin[5:9], mine.take(np.arange(5, 9)))
+    for i in (0, 1, 150, 299):
+        for at in range(len(keys[i])):
+            changed = bytearray(keys[i])
+            changed[at] ^= 1
+            other = key_layout([*keys[:i], bytes(changed), *keys[i + 1 :]])
+            assert not all_same(stored, begin, other)
+    assert not all_same(stored, begin[:-1] + 1, mine.take(np.arange(len(keys) - 1)))
+    # lengths too far apart for a few windows, or an empty key: not decided here
+    assert not all_same(np.frombuffer(b"ab" + b"x" * 30, np.uint8), np.array([0, 2]),
+                        key_layout([b"ab", b"x" * 30]))
+    assert not all_same(stored, begin[:1], key_layout([b""]))
+    assert all_same(stored, begin[:0], key_layout([]))
 
 
 def test_same_bytes_in_many_steps_matches_a_comparison_key_by_key() -> None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .hashes import HASH_SUFFIX, read_hashes, write_hashes
     from .keys import (
         KeyLayout,
+        encode_as_given,
         encode_key,
         encode_keys,
         encode_keys_laid_out,
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "fields": ("FIELDS", "Field", "FieldLayout", "Fixed", "Ragged", "Text", "check_name", "chunk_rows", "schema_from_json", "schema_to_json",),
     "hashes": ("HASH_SUFFIX", "read_hashes", "write_hashes",),
-    "keys": ("KeyLayout", "encode_key", "encode_keys", "encode_keys_laid_out", "hash_encoded", "hash_key", "key_layout", "normalize_key", "normalize_keys", "path_sequence",),
+    "keys": ("KeyLayout", "encode_as_given", "encode_key", "encode_keys", "encode_keys_laid_out", "hash_encoded", "hash_key", "key_layout", "normalize_key", "normalize_keys", "path_sequence",),
     "metadata": ("GROUP", "GROUP_DOCUMENT", "INDEX_ARRAYS", "VECTORS", "GroupMetadata", "array_documents", "data_files", "expected_files", "fetched_dirs", "fetched_files", "file_count", "first_file_ids", "fixed_metadata", "index_array_length", "index_array_metadata", "shard_count", "shard_key", "vectors_metadata",),
     "shard": ("MappedShard", "map_shard_fd", "open_shard", "write_shard",),
     "spec": ("FORMAT_VERSION", "RECORDS_VERSION", "StoreSpec", "canonical_json",),
@@ -96,6 +97,7 @@ __all__ = [
     "check_name",
     "chunk_rows",
     "data_files",
+    "encode_as_given",
     "encode_key",
     "encode_keys",
     "encode_keys_laid_out",

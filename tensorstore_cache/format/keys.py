@@ -22,6 +22,7 @@ import xxhash
 __all__ = [
     "KeyLayout",
     "PathLike",
+    "encode_as_given",
     "encode_key",
     "encode_keys",
     "encode_keys_laid_out",
@@ -235,6 +236,40 @@ def _plain_starts(joined: bytes, count: int) -> npt.NDArray[np.int64] | None:
     starts[0] = 0
     np.add(seps, 1, out=starts[1:])
     return starts
+
+
+def encode_as_given(
+    paths: Sequence[Any] | npt.NDArray[Any],
+) -> tuple[list[bytes], KeyLayout] | None:
+    """Encode ``str`` paths as they are, without normalising them, for a lookup.
+
+    A stored key is its own key (:func:`normalize_key` leaves it as it is), so
+    a path whose bytes are a stored key's names that key; a lookup by
+    these bytes then normalises only the paths it did not find. For a chunk of
+    paths: its temporaries grow with their bytes.
+
+    Returns
+    -------
+    tuple of (list of bytes, KeyLayout) or None
+        Each path's bytes and their layout; None when a path is not a ``str``
+        or holds a NUL (:func:`encode_keys_laid_out` then says which).
+    """
+    if len(paths) == 0:
+        return None
+    try:
+        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
+    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...)
+        return None
+    seps = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 0)
+    if len(seps) != len(paths) - 1:  # a path holds a NUL
+        return None
+    starts = np.empty(len(paths), dtype=np.int64)
+    starts[0] = 0
+    np.add(seps, 1, out=starts[1:])
+    lengths = np.empty(len(paths), dtype=np.int64)
+    np.subtract(seps, starts[:-1], out=lengths[:-1])
+    lengths[-1] = len(joined) - starts[-1]
+    return joined.split(b"\x00"), KeyLayout(joined, starts, lengths)
 
 
 def encode_keys_laid_out(

@@ -22,6 +22,7 @@ from ..format import (
     StoreSpec,
     Text,
     VerifyReport,
+    encode_as_given,
     encode_keys_laid_out,
     hash_key,
     normalize_key,
@@ -393,14 +394,38 @@ class CacheStore:
         # In chunks: the temporaries of a lookup grow with the keys' bytes, and a
         # process keeps freed heap, so one huge call would cost memory for good.
         for start in range(0, len(values), _ROWS_CHUNK):
-            keys, encoded, layout = encode_keys_laid_out(values[start : start + _ROWS_CHUNK])
-            found = self._overlay.find_many(encoded, layout)
-            out[start : start + len(encoded)] = found
-            if missing == "raise" and not bool(found.min(initial=0) >= 0):
-                missing_keys.extend(str(keys[i]) for i in np.flatnonzero(found < 0).tolist())
+            part = values[start : start + _ROWS_CHUNK]
+            found, absent = self._find_chunk(part)
+            out[start : start + len(part)] = found
+            if missing == "raise":
+                missing_keys.extend(absent)
         if missing_keys:
             raise KeyNotInStoreError(missing_keys)
         return out
+
+    def _find_chunk(self, part: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:
+        """The rows of a chunk of paths (-1 where absent) and the keys of the absent ones.
+
+        The paths are first looked up as they are (a path equal to a stored key
+        is that key: :func:`~tensorstore_cache.format.encode_as_given`); only
+        those not found are normalised (raising for a bad path) and, where that
+        changes them, looked up again.
+        """
+        given = encode_as_given(part)
+        if given is None:  # not all str, or a NUL: normalised (or refused) first
+            keys, encoded, layout = encode_keys_laid_out(part)
+            found = self._overlay.find_many(encoded, layout)
+            return found, [str(keys[i]) for i in np.flatnonzero(found < 0).tolist()]
+        found = self._overlay.find_many(*given)
+        if bool(found.min() >= 0):
+            return found, []
+        miss = np.flatnonzero(found < 0)
+        unfound = [part[i] for i in miss.tolist()]
+        keys, encoded, layout = encode_keys_laid_out(unfound)
+        if keys is not unfound:  # some are not their own key: look the keys up
+            found[miss] = again = self._overlay.find_many(encoded, layout)
+            return found, [str(keys[i]) for i in np.flatnonzero(again < 0).tolist()]
+        return found, [str(k) for k in keys]
 
     def take(self, rows: npt.ArrayLike, out: npt.NDArray[Any] | None = None) -> Any:
         """Gather rows into one contiguous ``(B, *item_shape)`` array.

@@ -210,6 +210,31 @@ def test_rows_of_repeated_paths_equal_the_rows_of_each_path(
         store.close()
 
 
+def test_rows_normalise_exactly_the_paths_not_found_as_given(tmp_path: Path) -> None:
+    # paths are looked up as given first: the ones that are not their own key, absent
+    # ones and bad ones beside found ones give what normalize_key would
+    keys = ["/a/b/c.k0", "/a/b/d.k1", "rel/e.k2", "a.b/..c.k3", "//x/y.k4"]
+    store = tsc.open_store(_build(tmp_path / "s.tsc", keys))
+    try:
+        asked: list[str | Path] = [
+            "/a/b/c.k0", "/a//b/d.k1", "./rel/e.k2", "rel/e.k2/", "a.b/..c.k3",
+            Path("/a/b/./c.k0"), "//x/y.k4", "/x/y.k4/", "rel/e.k2", "/a/b/z/../c.k0",
+        ]
+        want = [0, 1, 2, 2, 3, 0, 4, -1, 2, 0]
+        assert store.rows(asked, missing="ignore").tolist() == want
+        assert store.rows([str(p) for p in asked], missing="ignore").tolist() == want
+        with pytest.raises(KeyNotInStoreError) as info:
+            store.rows(["/a/b/c.k0", "/no//such/./f", "rel/e.k2", "no/such/g"])
+        assert info.value.missing == ["/no/such/f", "no/such/g"]
+        bad: Any
+        for bad, error, match in (("", ValueError, "empty"), ("a\x00b", ValueError, "NUL"),
+                                  (3, TypeError, "str or os.PathLike")):
+            with pytest.raises(error, match=match):
+                store.rows(["/a/b/c.k0", bad, "rel/e.k2"], missing="ignore")
+    finally:
+        store.close()
+
+
 def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

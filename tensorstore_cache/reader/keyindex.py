@@ -84,11 +84,14 @@ def all_same(
     step = max(1, _COMPARE_BYTES // width)
     for a in range(0, len(lengths), step):
         b = min(a + step, len(lengths))
-        last = lengths[a:b] - width  # the offset of the window ending with the key
+        here, there = (begin, keys.starts) if b - a == len(lengths) else (
+            begin[a:b], keys.starts[a:b])
         for w in range(windows):
-            at = np.minimum(last, w * width) if w else 0
+            if w:  # the next window, or the one ending with the key
+                at = np.minimum(lengths[a:b] - width, w * width)
+                here, there = begin[a:b] + at, keys.starts[a:b] + at
             # bytes compare with memcmp (memoryviews of numpy arrays compare item by item)
-            if ours[begin[a:b] + at].tobytes() != theirs[keys.starts[a:b] + at].tobytes():
+            if ours[here].tobytes() != theirs[there].tobytes():
                 return False
     return True
 
@@ -243,6 +246,11 @@ class KeyIndex:
         self._off_mv = _ints(key_offsets, "Q")
         self._kb_mv = key_bytes.data
         self._kb_len = len(self._kb_mv)
+        offsets: npt.NDArray[np.uint64] = np.asarray(key_offsets, dtype=np.uint64)
+        #: ``(start, stop)`` of every row's key bytes: overlapping rows of ``key_offsets``
+        self._spans = np.lib.stride_tricks.as_strided(
+            offsets, (max(0, len(offsets) - 1), 2), (offsets.strides[0],) * 2, writeable=False
+        )
         self._buckets: tuple[Sequence[int], int] | None = None
 
     def _bad_index(self, name: str, detail: str) -> CorruptStoreError:
@@ -317,38 +325,36 @@ class KeyIndex:
         if self.n == 0 or len(encoded) == 0:
             return np.full(len(encoded), -1, dtype=np.int64)
         pos = np.searchsorted(self.key_hash, hashes, side="left")
-        np.minimum(pos, self.n - 1, out=pos)
-        hit = self.key_hash[pos] == hashes
-        every = bool(hit.all())
-        cand = np.arange(len(encoded)) if every else np.flatnonzero(hit)
-        out = None if every else np.full(len(encoded), -1, dtype=np.int64)
-        if out is not None and len(cand) == 0:
-            return out
-        rows: npt.NDArray[np.int64] = np.asarray(
-            self.key_row[pos if every else pos[cand]], dtype=np.int64
-        )
+        hit = self.key_hash.take(pos, mode="clip") == hashes
+        if bool(hit.all()):  # the usual case: every key a candidate
+            cand, mine = None, layout if layout is not None else key_layout(encoded)
+        else:
+            cand = np.flatnonzero(hit)
+            if len(cand) == 0:
+                return np.full(len(encoded), -1, dtype=np.int64)
+            pos = pos[cand]
+            mine = (layout if layout is not None else key_layout(encoded)).take(cand)
+        rows: npt.NDArray[np.int64] = np.asarray(self.key_row[pos], dtype=np.int64)
         if int(rows.view(np.uint64).max()) >= self.n:  # a negative row too
             bad_row = int(rows[(rows < 0) | (rows >= self.n)][0])
             raise self._bad_index("key_row", f"an entry names row {bad_row} of {self.n}")
-        offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
-        starts_u, stops_u = offsets[rows], offsets[rows + 1]
+        spans = self._spans[rows]  # (start, stop) of each candidate's stored key
+        starts_u, stops_u = spans[:, 0], spans[:, 1]
         if np.any(stops_u < starts_u) or int(stops_u.max()) > len(self.key_bytes):
             raise self._bad_index("key_offsets", "key offsets decrease or pass the key bytes")
         stored = np.asarray(self.key_bytes, dtype=np.uint8)
-        if layout is None:
-            layout = key_layout(encoded)
-        mine = layout if every else layout.take(cand)
-        begin = starts_u.view(np.int64)  # within the key bytes: no sign
         if bool(((stops_u - starts_u).view(np.int64) == mine.lengths).all()) and all_same(
-            stored, begin, mine
+            stored, starts_u.view(np.int64), mine  # within the key bytes: no sign
         ):
-            if out is None:  # every key found: its rows are the answer
+            if cand is None:  # every key found: its rows are the answer
                 return rows
+            out = np.full(len(encoded), -1, dtype=np.int64)
             out[cand] = rows
             return out
-        if out is None:
-            out = np.full(len(encoded), -1, dtype=np.int64)
-        keys = encoded if every else [encoded[i] for i in cand.tolist()]
+        if cand is None:
+            cand = np.arange(len(encoded))
+        out = np.full(len(encoded), -1, dtype=np.int64)
+        keys = encoded if len(cand) == len(encoded) else [encoded[i] for i in cand.tolist()]
         same = same_bytes(stored, starts_u, stops_u, keys)
         out[cand[same]] = rows[same]
         for i in cand[~same].tolist():  # hash collision (or a different key): scan

@@ -189,6 +189,29 @@ def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:
         assert store.source_identity(np.array([1], np.int64)).content_hash is None
 
 
+def test_stale_reads_the_recorded_identity_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    paths = []
+    for i in range(3):
+        (src / f"k{i}").write_bytes(b"x" * (i + 1))
+        paths.append(str(src / f"k{i}"))
+    asked: list[bool] = []
+    recorded = CacheStore.source_identity
+
+    def counted(self: CacheStore, rows: Any, *, content_hash: bool = False) -> Any:
+        asked.append(content_hash)
+        return recorded(self, rows, content_hash=content_hash)
+
+    with _open(_build(tmp_path / "s.tsc", paths, identity="stat")) as store:
+        monkeypatch.setattr(CacheStore, "source_identity", counted)
+        (src / "k1").write_bytes(b"changed")
+        assert store.stale() == [paths[1]]  # each entry judged as recorded: by stat
+        assert asked == [True]  # one read, the content hashes of racily clean entries with it
+
+
 def _open(root: Path) -> CacheStore:
     return open_directory(root)
 

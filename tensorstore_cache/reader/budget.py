@@ -99,8 +99,9 @@ class MappedBudget:
         Downloads happen outside the lock; files another thread unmapped
         meanwhile are asked for again. Afterwards the least recently used
         files beyond the budget (not those of ``ks``) are unmapped and given
-        back to the supply. A file that fails to map is given back before
-        the error propagates.
+        back to the supply. When a file fails to map, the holds of it and
+        of the files after it are given back before the error propagates;
+        the files mapped before it are kept, under the budget.
         """
         supply, first = self.supply, self.first
         is_mapped = self._is_mapped
@@ -109,13 +110,15 @@ class MappedBudget:
             if missing:
                 supply.ensure([first + k for k in missing])  # one hold each, kept while mapped
             with self._lock:
-                for k in missing:
+                for i, k in enumerate(missing):
                     if not is_mapped(k):
                         try:
                             self._map(k)
                         except BaseException:
-                            supply.release(first + k)
+                            for rest in missing[i:]:  # holds no mapping took
+                                supply.release(first + rest)
                             raise
+                        self._used[k] = None  # mapped: in the order from now on
                     else:  # another thread mapped it meanwhile: our hold is one too many
                         supply.release(first + k)
                 if not all(is_mapped(k) for k in ks):
@@ -144,7 +147,9 @@ class MappedBudget:
             self.supply.release(self.first + k)
 
     def touch(self, k: int) -> None:
-        """File ``k`` (mapped through this budget) was just read (under the lock)."""
+        """Mapped file ``k`` was just read (under the lock); a file mapped outside the
+        budget (``map_all``) enters it here."""
+        self._used[k] = None
         self._used.move_to_end(k)
 
     def groups(self, ks: list[int]) -> list[list[int]]:

@@ -5,6 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks._report import (
+    figure,
+    machine,
+    mib,
+    rate,
+    ratio,
+    same,
+    seconds,
+    target,
+    target_table,
+    times,
+    verdict,
+    wall_and_load,
+)
 from benchmarks.records_methods import PEERS
 
 TSC = "tensorstore_cache"
@@ -55,15 +69,6 @@ def check_records(methods: dict[str, Any]) -> None:
         rec["same_as_numpy_limit_checks"] = checks
 
 
-def _get(methods: dict[str, Any], name: str, key: str) -> float | None:
-    value = methods.get(name, {}).get(key)
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
-
-
 def targets(methods: dict[str, Any], open_vs_n: dict[str, Any],
             sizes: list[int]) -> dict[str, Any]:
     """The issue's targets, as ratios within this run: PASS or MISS; FAILED (with
@@ -74,10 +79,10 @@ def targets(methods: dict[str, Any], open_vs_n: dict[str, Any],
     def add(key: str, text: str, value: float | None, op: str, threshold: float,
             needs: list[tuple[str, str]]) -> None:
         reasons = []
-        for name, figure in needs:
+        for name, key_of in needs:
             if name not in methods:
                 continue
-            rnd = failed_phase(methods[name], figure)
+            rnd = failed_phase(methods[name], key_of)
             if rnd is not None:
                 reasons.append(f"{name}, {PHASE_NAMES.get(rnd['phase'], rnd['phase'])}: "
                                f"{rnd.get('text', rnd['status'])}")
@@ -91,28 +96,23 @@ def targets(methods: dict[str, Any], open_vs_n: dict[str, Any],
             status = "n/a"
             if absent:
                 reasons.append(f"not run: {', '.join(absent)}")
-        elif op == ">=":
-            status = "PASS" if value >= threshold else "MISS"
         else:
-            status = "PASS" if value <= threshold else "MISS"
-        t[key] = {"description": text, "value": value, "op": op, "threshold": threshold,
-                  "status": status}
-        if reasons:
-            t[key]["reason"] = "; ".join(reasons)
+            status = verdict(value, op, threshold)
+        t[key] = target(text, value, op, threshold, status, reasons)
 
     batch = "batch_records_per_s"
     add(f"batch_vs_{LIMIT}", f"random padded batch of 256, records/s: {TSC} / {LIMIT}",
-        _ratio(_get(methods, TSC, batch), _get(methods, LIMIT, batch)), ">=", 0.8,
+        ratio(figure(methods, TSC, batch), figure(methods, LIMIT, batch)), ">=", 0.8,
         [(TSC, batch), (LIMIT, batch)])
     for peer in PEERS:
         add(f"batch_vs_{peer}", f"random padded batch of 256, records/s: {TSC} / {peer}",
-            _ratio(_get(methods, TSC, batch), _get(methods, peer, batch)), ">=", 5.0,
+            ratio(figure(methods, TSC, batch), figure(methods, peer, batch)), ">=", 5.0,
             [(TSC, batch), (peer, batch)])
     opens = {int(n): v for n, v in open_vs_n.get(TSC, {}).items()}
     lo, hi = (min(sizes), max(sizes)) if sizes else (0, 0)
     small, large = (opens.get(lo, {}).get("open_s"), opens.get(hi, {}).get("open_s"))
     add("open_largest_vs_smallest", f"{TSC} open time at {hi:,} records / at {lo:,} records",
-        _ratio(large, small) if lo != hi else None, "<=", 2.0, [])
+        ratio(large, small) if lo != hi else None, "<=", 2.0, [])
     bad = [f"{TSC}, open at {n:,} records: {opens[n].get('text')}" for n in (lo, hi)
            if n in opens and opens[n].get("status", "ok") != "ok"]
     if bad:
@@ -123,43 +123,14 @@ def targets(methods: dict[str, Any], open_vs_n: dict[str, Any],
             t["open_largest_vs_smallest"].update(
                 status="FAILED", reason=f"{TSC}, build: {failed.get('text')}")
     add("memory_4_readers", f"4 readers' private memory growth (USS) / {TSC} store size",
-        _ratio(_get(methods, TSC, "uss_growth_bytes_4_readers"),
-               _get(methods, TSC, "disk_bytes")), "<=", 0.10,
+        ratio(figure(methods, TSC, "uss_growth_bytes_4_readers"),
+               figure(methods, TSC, "disk_bytes")), "<=", 0.10,
         [(TSC, "uss_growth_bytes_4_readers"), (TSC, "disk_bytes")])
     key = "record_by_key_per_s"
     add("record_by_key_vs_hf_datasets", f"one record by key, records/s: {TSC} / hf_datasets",
-        _ratio(_get(methods, TSC, key), _get(methods, "hf_datasets", key)), ">=", 20.0,
+        ratio(figure(methods, TSC, key), figure(methods, "hf_datasets", key)), ">=", 20.0,
         [(TSC, key), ("hf_datasets", key)])
     return t
-
-
-def _s(value: Any) -> str:
-    """Seconds: ``12.34``, ``5.1 ms``, ``80 us``."""
-    if value is None:
-        return "-"
-    v = float(value)
-    if v >= 1:
-        return f"{v:.2f}" if v < 100 else f"{v:.0f}"
-    return f"{v * 1000:.1f} ms" if v >= 0.001 else f"{v * 1e6:.0f} us"
-
-
-def _rate(value: Any) -> str:
-    """Per second: ``1.25M``, ``38k``, ``4.2k``, ``950``."""
-    if value is None:
-        return "-"
-    v = float(value)
-    if v >= 1e6:
-        return f"{v / 1e6:.2f}M"
-    return f"{v / 1e3:.0f}k" if v >= 1e4 else (f"{v / 1e3:.1f}k" if v >= 1e3 else f"{v:.0f}")
-
-
-def _mb(value: Any) -> str:
-    return "-" if value is None else f"{float(value) / 2**20:,.1f}"
-
-
-def _x(value: Any) -> str:
-    v = float(value)
-    return f"{v:.3g}x" if v < 1000 else f"{v:,.0f}x"
 
 
 def _frac(value: Any) -> str:
@@ -168,9 +139,9 @@ def _frac(value: Any) -> str:
 
 #: the main table's figure columns: record key, format
 TABLE: list[tuple[str, Callable[[Any], str]]] = [
-    ("build_s", _s), ("disk_bytes", _mb), ("open_s", _s), ("key_map_s", _s),
-    ("record_by_key_per_s", _rate), ("batch_records_per_s", _rate), ("epoch_s", _s),
-    ("uss_growth_bytes_4_readers", _mb), ("uss_growth_per_store", _frac),
+    ("build_s", seconds), ("disk_bytes", mib), ("open_s", seconds), ("key_map_s", seconds),
+    ("record_by_key_per_s", rate), ("batch_records_per_s", rate), ("epoch_s", seconds),
+    ("uss_growth_bytes_4_readers", mib), ("uss_growth_per_store", _frac),
 ]
 
 
@@ -215,6 +186,14 @@ def failures(methods: dict[str, Any], open_vs_n: dict[str, Any]) -> list[str]:
     return out
 
 
+def _target_value(t: dict[str, Any]) -> str:
+    """A target's value, and why it failed or was not computed."""
+    value = times(t["value"])
+    if t.get("reason"):
+        value = f"{value} ({t['reason']})".replace("|", "/")
+    return value
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The results as markdown: main table, targets, open time versus N, environments."""
     env, methods = report["env"], report["methods"]
@@ -225,10 +204,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{sizes['records']:,} records (covers 3x32x32 uint8, title token ids int32 of "
         f"{sizes['title_min']} to {sizes['title_max']} tokens, mean {sizes['title_mean']:.1f}, "
-        f"rating float32), {env['cpu']}, {env['cores']} cores, "
-        f"{env['ram_bytes'] / 2**30:.0f} GiB RAM, Python {env['python']}; {env['date']}. "
-        f"Command: `{env['command']}` ({env.get('wall_s', 0):.0f} s, load average at start "
-        f"{', '.join(f'{x:.1f}' for x in env.get('loadavg_at_start') or [])}).",
+        f"rating float32), {machine(env)}; {env['date']}. "
+        f"Command: `{env['command']}` {wall_and_load(env)}.",
         "",
         f"| method | build s ({cfg['workers']} workers) | disk MiB | open s | key map s "
         f"| records by key/s | random batch of {cfg['batch_size']} padded, records/s "
@@ -237,18 +214,9 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for name, rec in methods.items():
-        same = rec.get("same_as_numpy_limit")
-        cells = _cells(rec)
-        lines.append(f"| {name} | " + " | ".join(cells)
-                     + f" | {'yes' if same else ('-' if same is None else 'NO')} |")
-    lines += ["", "## Targets (ratios within this run)", "",
-              "| target | value | wanted | status |", "|---|---:|---:|:---:|"]
-    for t in report["targets"].values():
-        value = _x(t["value"]) if t["value"] is not None else "-"
-        if t.get("reason"):
-            value = f"{value} ({t['reason']})".replace("|", "/")
-        lines.append(f"| {t['description']} | {value} | {t['op']} {t['threshold']:g}x "
-                     f"| {t['status']} |")
+        cells = [*_cells(rec), same(rec.get("same_as_numpy_limit"))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += target_table(report["targets"], _target_value)
     ovn = report.get("open_vs_n") or {}
     if ovn:
         ns = sorted({int(n) for per in ovn.values() for n in per})
@@ -261,7 +229,7 @@ def markdown(report: dict[str, Any]) -> str:
             for n in ns:
                 v = per.get(str(n)) or {}
                 cells.append(str(v.get("text", "-")) if v.get("status", "ok") != "ok"
-                             else _s(v.get("open_s")))
+                             else seconds(v.get("open_s")))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "## Methods and their environments", "",
               "| method | what it does | python | versions |", "|---|---|---|---|"]

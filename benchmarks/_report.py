@@ -1,14 +1,23 @@
-"""Environment, target ratios, the markdown table and the plots of a benchmark run."""
+"""The reports of the benchmarks, and the main benchmark's: its targets and tables.
+
+What every benchmark's report uses (the main run's, :mod:`benchmarks._records_report`'s,
+:mod:`benchmarks.embed`'s): the environment and the command of a run, the formats of
+figures, ratios and target statuses, the lines of a table, and writing the report and
+its markdown with portable paths. Then the main benchmark's target ratios and tables.
+"""
 
 from __future__ import annotations
 
 import datetime
 import os
 import platform
+import sys
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from benchmarks._portable import portable
+from benchmarks._results import ResultsFile
 from benchmarks.methods.torch_save import UNSAFE_NOTE
 
 TSC = "tensorstore_cache"
@@ -52,6 +61,133 @@ def environment() -> dict[str, Any]:
     }
 
 
+def command(module: str, argv: list[str] | None) -> str:
+    """``python -m MODULE ARGS...``: the command that ran, with ``argv`` or this process's."""
+    return " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def publish(files: ResultsFile, report: dict[str, Any], render: Callable[[dict[str, Any]], str],
+            **places: Any) -> str:
+    """Write ``report`` and its markdown (``render``) as anyone can read them, the run's
+    directories by name (``data=...``, see :mod:`benchmarks._portable`); return the
+    markdown."""
+    shown: dict[str, Any] = portable(report, **places)
+    text = render(shown)
+    files.save(shown, text)
+    return text
+
+
+# -- figures, ratios and targets --------------------------------------------------------
+
+
+def figure(results: dict[str, Any], method: str, key: str) -> float | None:
+    """The number ``results[method][key]``; None if the method or the figure is not there."""
+    value = results.get(method, {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None where either is missing or ``b`` is 0."""
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def verdict(value: float, op: str, threshold: float) -> str:
+    """``PASS`` if ``value op threshold`` holds (``>=``, ``>`` or ``<=``), else ``MISS``."""
+    if op == ">=":
+        return "PASS" if value >= threshold else "MISS"
+    if op == ">":
+        return "PASS" if value > threshold else "MISS"
+    return "PASS" if value <= threshold else "MISS"
+
+
+def target(description: str, value: float | None, op: str, threshold: float, status: str,
+           reasons: list[str]) -> dict[str, Any]:
+    """A target as a report records it; its ``reason``, the reasons joined, if any."""
+    out: dict[str, Any] = {"description": description, "value": value, "op": op,
+                           "threshold": threshold, "status": status}
+    if reasons:
+        out["reason"] = "; ".join(reasons)
+    return out
+
+
+def seconds(value: Any) -> str:
+    """Seconds: ``120``, ``12.34``, ``5.1 ms``, ``80 us``; ``-`` for None."""
+    if value is None:
+        return "-"
+    v = float(value)
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    if v >= 0.001:
+        return f"{v * 1000:.1f} ms"
+    return f"{v * 1e6:.0f} us"
+
+
+def rate(value: Any) -> str:
+    """Per second: ``1.25M``, ``38k``, ``4.2k``, ``950``; ``-`` for None."""
+    if value is None:
+        return "-"
+    v = float(value)
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    if v >= 1e3:
+        return f"{v / 1e3:.1f}k"
+    return f"{v:.0f}"
+
+
+def mib(value: Any) -> str:
+    """Bytes in MiB: ``1,234.5``; ``-`` for None."""
+    if value is None:
+        return "-"
+    return f"{float(value) / 2**20:,.1f}"
+
+
+def times(value: Any) -> str:
+    """A ratio: ``0.25x``, ``31.4x``, ``1,234x``; ``-`` for None."""
+    if value is None:
+        return "-"
+    v = float(value)
+    return f"{v:.3g}x" if v < 1000 else f"{v:,.0f}x"
+
+
+# -- lines of the tables ----------------------------------------------------------------
+
+
+def machine(env: dict[str, Any]) -> str:
+    """``CPU, N cores, R GiB RAM, Python V``."""
+    return (f"{env['cpu']}, {env['cores']} cores, {env['ram_bytes'] / 2**30:.0f} GiB RAM, "
+            f"Python {env['python']}")
+
+
+def wall_and_load(env: dict[str, Any]) -> str:
+    """``(S s, load average at start A, B, C)``."""
+    load = ", ".join(f"{x:.1f}" for x in env.get("loadavg_at_start") or [])
+    return f"({env.get('wall_s', 0):.0f} s, load average at start {load})"
+
+
+def same(value: bool | None) -> str:
+    """A check's cell: ``yes``, ``NO``, or ``-`` where it was not made."""
+    return "yes" if value else ("-" if value is None else "NO")
+
+
+def target_table(targets: dict[str, Any], value: Callable[[dict[str, Any]], str]) -> list[str]:
+    """The section of the targets, each target's value cell written by ``value``."""
+    lines = ["", "## Targets (ratios within this run)", "",
+             "| target | value | wanted | status |", "|---|---:|---:|:---:|"]
+    for t in targets.values():
+        lines.append(f"| {t['description']} | {value(t)} | {t['op']} {t['threshold']:g}x "
+                     f"| {t['status']} |")
+    return lines
+
+
+# -- the main benchmark -----------------------------------------------------------------
+
+
 #: the round each figure of a method's record comes from
 FIGURE_ROUND = {
     "first_agent_s": "first", "disk_bytes": "first",
@@ -78,17 +214,6 @@ def missing(rec: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     return None
 
 
-def _get(results: dict[str, Any], method: str, key: str) -> float | None:
-    value = results.get(method, {}).get(key)
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return a / b
-
-
 def targets(results: dict[str, Any], open_vs_n: dict[str, Any], sizes: list[int]) -> dict[str, Any]:
     """The project's target ratios, computed within this run.
 
@@ -102,57 +227,51 @@ def targets(results: dict[str, Any], open_vs_n: dict[str, Any], sizes: list[int]
             needs: list[tuple[str, str]]) -> None:
         reasons = []
         if value is None:
-            for method, figure in needs:
-                rnd = missing(results.get(method), figure)
+            for method, key_of in needs:
+                rnd = missing(results.get(method), key_of)
                 if rnd is not None:
-                    rnd["where"] = f"{method}, {round_name(FIGURE_ROUND[figure])}"
+                    rnd["where"] = f"{method}, {round_name(FIGURE_ROUND[key_of])}"
                     reasons.append(rnd)
         if reasons:
             failed = [r for r in reasons if r["status"] != "skipped"]
             status = "FAILED" if failed else "SKIPPED"
         elif value is None:
             status = "n/a"
-        elif op == ">=":
-            status = "PASS" if value >= threshold else "MISS"
-        elif op == ">":
-            status = "PASS" if value > threshold else "MISS"
         else:
-            status = "PASS" if value <= threshold else "MISS"
-        t[key] = {"description": text, "value": value, "op": op, "threshold": threshold,
-                  "status": status}
-        if reasons:
-            t[key]["reason"] = "; ".join(f"{r['where']}: {r['text']}" for r in reasons)
+            status = verdict(value, op, threshold)
+        t[key] = target(text, value, op, threshold, status,
+                        [f"{r['where']}: {r['text']}" for r in reasons])
 
-    later = {m: _get(results, m, "later_agent_s") for m in results}
+    later = {m: figure(results, m, "later_agent_s") for m in results}
     for other in ("torch_save", "manager_vectors"):
         add(f"later_agent_vs_{other}",
-            f"later agent: {other} time / {TSC} time", _ratio(later.get(other), later.get(TSC)),
+            f"later agent: {other} time / {TSC} time", ratio(later.get(other), later.get(TSC)),
             ">=", 20.0, [(other, "later_agent_s"), (TSC, "later_agent_s")])
-    look = {m: _get(results, m, "lookup_items_per_s") for m in results}
+    look = {m: figure(results, m, "lookup_items_per_s") for m in results}
     for other, wanted in (("manager_vectors", 50.0), ("hf_datasets", 30.0)):
         add(f"lookup_vs_{other}", f"single lookups/s: {TSC} / {other}",
-            _ratio(look.get(TSC), look.get(other)), ">=", wanted,
+            ratio(look.get(TSC), look.get(other)), ">=", wanted,
             [(TSC, "lookup_items_per_s"), (other, "lookup_items_per_s")])
-    batch = {m: _get(results, m, "batch_items_per_s") for m in results}
+    batch = {m: figure(results, m, "batch_items_per_s") for m in results}
     for other, wanted in (("raw_memmap", 0.5), ("hf_datasets", 20.0)):
         add(f"batch_vs_{other}", f"random batch of 256, items/s: {TSC} / {other}",
-            _ratio(batch.get(TSC), batch.get(other)), ">=", wanted,
+            ratio(batch.get(TSC), batch.get(other)), ">=", wanted,
             [(TSC, "batch_items_per_s"), (other, "batch_items_per_s")])
-    growth = _get(results, TSC, "uss_growth_bytes_4_agents")
-    store = _get(results, TSC, "disk_bytes")
+    growth = figure(results, TSC, "uss_growth_bytes_4_agents")
+    store = figure(results, TSC, "disk_bytes")
     add("memory_4_agents", f"4 agents' total private memory growth / {TSC} store size",
-        _ratio(growth, store), "<=", 0.10,
+        ratio(growth, store), "<=", 0.10,
         [(TSC, "uss_growth_bytes_4_agents"), (TSC, "disk_bytes")])
-    first = {m: _get(results, m, "first_agent_s") for m in results}
+    first = {m: figure(results, m, "first_agent_s") for m in results}
     add("first_agent_vs_no_cache", f"first agent: no_cache time / {TSC} time (build, 2 workers)",
-        _ratio(first.get("no_cache"), first.get(TSC)), ">", 1.0,
+        ratio(first.get("no_cache"), first.get(TSC)), ">", 1.0,
         [("no_cache", "first_agent_s"), (TSC, "first_agent_s")])
     opens = open_vs_n.get(TSC, {})
     lo, hi = (str(min(sizes)), str(max(sizes))) if sizes else ("", "")
     small = opens.get(lo, {}).get("open_s")
     large = opens.get(hi, {}).get("open_s")
     add("open_largest_vs_smallest", f"{TSC} open time at {hi} items / at {lo} items",
-        _ratio(large, small), "<=", 2.0, [])
+        ratio(large, small), "<=", 2.0, [])
     bad = [(n, opens[n]) for n in (lo, hi) if opens.get(n, {}).get("status", "ok") != "ok"]
     if bad and t["open_largest_vs_smallest"]["value"] is None:
         t["open_largest_vs_smallest"]["status"] = "FAILED"
@@ -161,51 +280,13 @@ def targets(results: dict[str, Any], open_vs_n: dict[str, Any], sizes: list[int]
     return t
 
 
-def _s(value: Any) -> str:
-    if value is None:
-        return "-"
-    v = float(value)
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 1:
-        return f"{v:.2f}"
-    if v >= 0.001:
-        return f"{v * 1000:.1f} ms"
-    return f"{v * 1e6:.0f} us"
-
-
-def _rate(value: Any) -> str:
-    if value is None:
-        return "-"
-    v = float(value)
-    if v >= 1e6:
-        return f"{v / 1e6:.2f}M"
-    if v >= 1e4:
-        return f"{v / 1e3:.0f}k"
-    if v >= 1e3:
-        return f"{v / 1e3:.1f}k"
-    return f"{v:.0f}"
-
-
-def _mb(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{float(value) / 2**20:,.1f}"
-
-
-def _x(value: Any) -> str:
-    if value is None:
-        return "-"
-    v = float(value)
-    return f"{v:.3g}x" if v < 1000 else f"{v:,.0f}x"
-
-
 #: the main table's figure columns: record key, format
 TABLE: list[tuple[str, Callable[[Any], str]]] = [
-    ("first_agent_s", _s), ("later_agent_s", _s), ("open_s", _s),
-    ("lookup_items_per_s", _rate), ("batch_items_per_s", _rate), ("dataloader_epoch_s", _s),
-    ("full_pass_s", _s), ("uss_total_bytes_4_agents", _mb), ("pss_total_bytes_4_agents", _mb),
-    ("uss_growth_bytes_4_agents", _mb), ("disk_bytes", _mb),
+    ("first_agent_s", seconds), ("later_agent_s", seconds), ("open_s", seconds),
+    ("lookup_items_per_s", rate), ("batch_items_per_s", rate),
+    ("dataloader_epoch_s", seconds), ("full_pass_s", seconds),
+    ("uss_total_bytes_4_agents", mib), ("pss_total_bytes_4_agents", mib),
+    ("uss_growth_bytes_4_agents", mib), ("disk_bytes", mib),
 ]
 
 
@@ -224,13 +305,13 @@ def _round_cell(rec: dict[str, Any], k: str, key: str) -> str:
     rnd = rec.get("rounds", {}).get(k)
     if value is None and rnd and rnd.get("status", "ok") != "ok":
         return str(rnd["text"])
-    return _mb(value)
+    return mib(value)
 
 
 def _size_cell(per: dict[str, Any] | None, key: str) -> str:
     if per and per.get("status", "ok") != "ok":
         return str(per["text"])
-    return _s((per or {}).get(key))
+    return seconds((per or {}).get(key))
 
 
 def failures(results: dict[str, Any], open_vs_n: dict[str, Any]) -> list[str]:
@@ -261,7 +342,7 @@ def failures(results: dict[str, Any], open_vs_n: dict[str, Any]) -> list[str]:
             detail.append(f"kernel log: {rnd['kernel_log']}")
         elapsed = rnd.get("elapsed_s")
         out.append(f"| {name} | {where} | {rnd['status']} | {rnd.get('signal') or '-'} "
-                   f"| {_mb(last.get('uss'))} | {_mb(last.get('anon'))} "
+                   f"| {mib(last.get('uss'))} | {mib(last.get('anon'))} "
                    f"| {'-' if elapsed is None else f'{elapsed:.1f}'} "
                    f"| {'; '.join(d.replace('|', '/') for d in detail if d)} |")
     return out
@@ -292,12 +373,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{sizes['unique_paths']:,} unique covers ({sizes['ratings_rows']:,} ratings rows), "
         f"3x32x32 float32 = {sizes['column_bytes'] / 2**20:,.1f} MiB per full column. "
-        f"{env['cpu']}, {env['cores']} cores, {env['ram_bytes'] / 2**30:.0f} GiB RAM, "
-        f"Python {env['python']}, numpy {v.get('numpy')}, torch {v.get('torch')}, "
+        f"{machine(env)}, numpy {v.get('numpy')}, torch {v.get('torch')}, "
         f"zarr {v.get('zarr')}, datasets {v.get('datasets')}; {env['date']}. "
-        f"{_commands(env, results)} "
-        f"({env.get('wall_s', 0):.0f} s, load average at start "
-        f"{', '.join(f'{x:.1f}' for x in env.get('loadavg_at_start') or [])}).",
+        f"{_commands(env, results)} {wall_and_load(env)}.",
         "",
         "| method | first agent s | later agent s | open s | lookups/s | batch-256 items/s "
         "| DataLoader epoch s | full pass s | USS 4 agents MiB | PSS 4 agents MiB "
@@ -305,16 +383,10 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for name, r in results.items():
-        same = r.get("vectors_equal_no_cache")
         cells = [_cell(r, key, fmt) for key, fmt in TABLE]
-        lines.append(f"| {name} | " + " | ".join(cells)
-                     + f" | {'yes' if same else ('-' if same is None else 'NO')} |")
-    lines += ["", "## Targets (ratios within this run)", "",
-              "| target | value | wanted | status |", "|---|---:|---:|:---:|"]
-    for t in report["targets"].values():
-        value = t.get("reason") or _x(t["value"])
-        lines.append(f"| {t['description']} | {value} | {t['op']} {t['threshold']:g}x "
-                     f"| {t['status']} |")
+        cells.append(same(r.get("vectors_equal_no_cache")))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += target_table(report["targets"], lambda t: t.get("reason") or times(t["value"]))
     ovn = report.get("open_vs_n") or {}
     if ovn:
         ns = sorted({int(n) for per in ovn.values() for n in per})

@@ -49,7 +49,6 @@ import numpy as np
 
 from benchmarks import _report, make_images
 from benchmarks._memory import gb, sample
-from benchmarks._portable import portable
 from benchmarks._results import ResultsFile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,14 +244,9 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         elif value is None:
             status = "n/a"
             reasons.append(f"not run: {', '.join(m for m in (a, b) if m not in figures)}")
-        elif op == ">=":
-            status = "PASS" if value >= threshold else "MISS"
         else:
-            status = "PASS" if value <= threshold else "MISS"
-        out[key] = {"description": text, "value": value, "op": op, "threshold": threshold,
-                    "status": status}
-        if reasons:
-            out[key]["reason"] = "; ".join(reasons)
+            status = _report.verdict(value, op, threshold)
+        out[key] = _report.target(text, value, op, threshold, status, reasons)
     return out
 
 
@@ -337,8 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     results = args.results.resolve()
     files = ResultsFile(results, args.out)
     env = _report.environment()
-    env["command"] = " ".join(["python", "-m", "benchmarks.embed",
-                               *(sys.argv[1:] if argv is None else argv)])
+    env["command"] = _report.command("benchmarks.embed", argv)
     log(f"generating {args.images:,} covers into {data}")
     make_images.generate(data, args.images, args.seed, quiet=True)
     n = len(_paths(data))
@@ -353,10 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> str:
         report["env"]["wall_s"] = round(time.time() - started, 1)
         report["targets"] = targets(report)
-        shown: dict[str, Any] = portable(report, data=data, workdir=workdir, results=results)
-        text = markdown(shown)
-        files.save(shown, text)
-        return text
+        return _report.publish(files, report, markdown, data=data, workdir=workdir,
+                               results=results)
 
     direct = workdir / "direct.npy"
     log("the limit: prepare alone")

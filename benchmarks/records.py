@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _records_report, _report, make_images, records_data
-from benchmarks._portable import portable
 from benchmarks._records_procs import Runner
 from benchmarks._results import ResultsFile
 from benchmarks.records_methods import DEFAULT, METHODS, VENVS, get
@@ -242,11 +241,8 @@ def save(report: dict[str, Any], files: ResultsFile, started: float, cfg: Config
     report["targets"] = _records_report.targets(report["methods"], report["open_vs_n"],
                                                 report["config"]["open_sizes"])
     venvs = {f"{env}_venv": venv for env, venv in cfg.venvs.items()}
-    shown: dict[str, Any] = portable(report, data=cfg.data, workdir=cfg.workdir,
-                                     results=cfg.results, **venvs)
-    text = _records_report.markdown(shown)
-    files.save(shown, text)
-    return text
+    return _report.publish(files, report, _records_report.markdown, data=cfg.data,
+                           workdir=cfg.workdir, results=cfg.results, **venvs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     files = ResultsFile(cfg.results, cfg.out)
     env = _report.environment()
-    env["command"] = " ".join(["python", "-m", "benchmarks.records",
-                               *(sys.argv[1:] if argv is None else argv)])
+    env["command"] = _report.command("benchmarks.records", argv)
     log(f"generating {cfg.images:,} covers into {cfg.data}")
     make_images.generate(cfg.data, cfg.images, cfg.seed, quiet=True)
     keys, ratings, rows = cover_records(cfg.data)

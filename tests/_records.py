@@ -109,3 +109,19 @@ def same(record: Any, want: dict[str, Any]) -> bool:
         elif got.dtype != value.dtype or not np.array_equal(got, value):
             return False
     return True
+
+
+#: the data files of :func:`build_box_store`'s stores: about 4 KiB, several a field
+SHARD_BYTES = 4096
+
+
+def build_box_store(base: Path, n: int) -> tuple[list[str], Path]:
+    """Write ``n`` sources under ``base / "src"`` and build the store of their records with
+    boxes at ``base / "r.tsc"`` (every kind of field, in data files of about 4 KiB: a shard
+    of a fixed field, a chunk of a ragged field's values); return the sources and the store."""
+    paths = write_sources(base / "src", n)
+    root = base / "r.tsc"
+    tsc.build_store(paths, root, loader=RecordLoader(boxes=True), loader_id="rec/1",
+                    fields=BOX_FIELDS, workers=1, progress=False, shard_bytes=SHARD_BYTES).close()
+    return paths, root
+

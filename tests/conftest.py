@@ -5,12 +5,18 @@
   counts every request it serves (:class:`benchmarks.s3server.S3Process`).
 - ``base``, ``accounts``: a ``0o1777`` directory other users can reach, and
   users and groups made for one test (:mod:`tests._uids`).
+- ``records_store``: a store of 2,000 records of every kind of field, in small data files
+  (:func:`tests._records.build_box_store`).
+
+Helpers: :func:`assert_same_batch` (two batches of records), :func:`gc_under_reader`
+(gc removes a namespace while a reader in another process holds its store).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +99,58 @@ def s3(request: pytest.FixtureRequest) -> Iterator[S3Process]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def records_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """2,000 sources of records and the store of their records with boxes, built locally
+    (the reference) for the tests of one module: every kind of field, in data files of
+    about 4 KiB (a shard of a fixed field, a chunk of a ragged field's values), several a
+    field."""
+    from . import _records
+
+    return _records.build_box_store(tmp_path_factory.mktemp("records"), 2_000)
+
+
+def assert_same_batch(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Assert that two batches of records (``take``) hold the same fields and values."""
+    import tensorstore_cache as tsc
+
+    assert list(got) == list(want)
+    for name, value in want.items():
+        if isinstance(value, tsc.Ragged):
+            np.testing.assert_array_equal(got[name].values, value.values)
+            np.testing.assert_array_equal(got[name].offsets, value.offsets)
+            if value.shapes is not None:
+                np.testing.assert_array_equal(got[name].shapes, value.shapes)
+        elif isinstance(value, list):
+            assert got[name] == value
+        else:
+            np.testing.assert_array_equal(got[name], value)
+
+
+def gc_under_reader(reader: Callable[..., None], cache: Path, keys: list[str], out: str,
+                    timeout_s: float = 120) -> None:
+    """Run ``reader(cache, keys, ready, go, out)`` in a spawned process; once it is
+    ``ready``, gc removes the one namespace of ``cache`` (``older_than=0``), then the
+    reader may ``go`` on and must exit with 0 (what it read, it writes to ``out``)."""
+    import tensorstore_cache as tsc
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, go = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=reader, args=(str(cache), keys, ready, go, out))
+    p.start()
+    try:
+        assert ready.wait(timeout_s)
+        (ns,) = [d for d in cache.iterdir() if d.is_dir() and not d.name.startswith(".")]
+        removed = tsc.gc(cache, older_than=0)
+        assert [r.path for r in removed] == [str(ns)] and not ns.exists()
+        go.set()
+        p.join(timeout_s)
+        assert p.exitcode == 0, f"the reader died ({p.exitcode})"
+    finally:
+        if p.is_alive():
+            p.kill()
 
 
 @pytest.fixture

@@ -244,3 +244,41 @@ def test_results_without_one_row_per_item_name_the_batch() -> None:
     with pytest.raises(tsc.BuildError, match=r"leading dimension 3.*'k0'"):
         _rows(np.zeros((3, 4)), 2, "k0", None)
     assert [r.tolist() for r in _rows({"ids": ragged}, 2, "k0", None)[1].values()] == [[0, 0, 0]]
+
+
+class _Double(tsc.BatchLoader):
+    def __call__(self, items: list[Any]) -> Any:
+        return 2 * np.asarray(items)
+
+
+def test_a_client_that_stalls_in_the_handshake_holds_up_no_other(tmp_path: Path) -> None:
+    # the device worker authenticated connections inside accept(): one process
+    # that connected and then stopped (SIGSTOP, a debugger) kept every CPU
+    # worker of the build waiting for good
+    import socket
+    import threading
+    from multiprocessing.connection import Client
+
+    from tensorstore_cache.writer.devices import serve
+
+    address, key = str(tmp_path / "device.sock"), os.urandom(32)
+    worker = threading.Thread(target=serve, args=(_Double(), "cpu", address, key), daemon=True)
+    worker.start()
+    stalled = socket.socket(socket.AF_UNIX)
+    for _ in range(500):
+        try:
+            stalled.connect(address)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            threading.Event().wait(0.01)
+    with pytest.raises(multiprocessing.AuthenticationError):  # refused, and blocks no other
+        Client(address, family="AF_UNIX", authkey=b"not the build's key")
+    conn = Client(address, family="AF_UNIX", authkey=key)  # hung here before
+    conn.send([1.0, 2.0])
+    status, value, _ = conn.recv()
+    assert status == "ok" and value.tolist() == [2.0, 4.0]
+    conn.send(None)
+    worker.join(JOIN_S)
+    assert not worker.is_alive()
+    stalled.close()
+    conn.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import time
@@ -20,7 +19,7 @@ from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs.locks import ExclusiveLock
 
 from ._cache_loaders import LogLoader, expected, log_lines, vector_of, write_sources
-from .conftest import write_images
+from .conftest import gc_under_reader, write_images
 
 JOIN_S = 120
 
@@ -483,22 +482,8 @@ def test_reader_survives_gc_of_its_files(tmp_path: Path, cache: Path) -> None:
     keys = write_sources(tmp_path / "src", 200)
     tsc.cached(keys, cache_dir=cache, loader=LogLoader(tmp_path / "log"), workers=2,
                progress=False)
-    ctx = multiprocessing.get_context("spawn")
-    ready, go = ctx.Event(), ctx.Event()
     out = str(tmp_path / "reader.npy")
-    p = ctx.Process(target=_reader, args=(str(cache), keys, ready, go, out))
-    p.start()
-    try:
-        assert ready.wait(JOIN_S)
-        (ns,) = namespaces(cache)
-        removed = tsc.gc(cache, older_than=0)
-        assert [r.path for r in removed] == [str(ns)] and not ns.exists()
-        go.set()
-        p.join(JOIN_S)
-        assert p.exitcode == 0, f"the reader died ({p.exitcode})"
-    finally:
-        if p.is_alive():
-            p.kill()
+    gc_under_reader(_reader, cache, keys, out, JOIN_S)
     first, again = np.load(out)
     np.testing.assert_array_equal(first, expected(keys))
     np.testing.assert_array_equal(again, expected(keys))

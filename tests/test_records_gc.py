@@ -5,7 +5,6 @@ Readers are real processes (spawned); gc runs to completion while they hold thei
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,8 @@ import pytest
 import tensorstore_cache as tsc
 from tensorstore_cache.format.metadata import GroupMetadata, fetched_files
 
-from ._records import BOX_FIELDS, FIELDS, RecordLoader, expected, same, write_sources
+from ._records import FIELDS, RecordLoader, build_box_store, expected, same, write_sources
+from .conftest import gc_under_reader
 
 JOIN_S = 120
 
@@ -40,22 +40,8 @@ def test_a_reader_of_a_records_namespace_survives_gc_of_its_files(tmp_path: Path
     cache = tmp_path / "cache"
     tsc.cached(keys, cache_dir=cache, loader=RecordLoader(), loader_id="rec/1", fields=FIELDS,
                workers=2, progress=False).close()
-    ctx = multiprocessing.get_context("spawn")
-    ready, go = ctx.Event(), ctx.Event()
     out = str(tmp_path / "reader.pickle")
-    p = ctx.Process(target=_records_reader, args=(str(cache), keys, ready, go, out))
-    p.start()
-    try:
-        assert ready.wait(JOIN_S)
-        (ns,) = [d for d in cache.iterdir() if d.is_dir() and not d.name.startswith(".")]
-        removed = tsc.gc(cache, older_than=0)
-        assert [r.path for r in removed] == [str(ns)] and not ns.exists()
-        go.set()
-        p.join(JOIN_S)
-        assert p.exitcode == 0, f"the reader died ({p.exitcode})"
-    finally:
-        if p.is_alive():
-            p.kill()
+    gc_under_reader(_records_reader, cache, keys, out, JOIN_S)
     with open(out, "rb") as f:
         first, again, rows, titles, images = pickle.load(f)
     assert first == again == [True] * len(keys)
@@ -67,10 +53,7 @@ def test_a_reader_of_a_records_namespace_survives_gc_of_its_files(tmp_path: Path
 def test_gc_of_a_records_copy_in_the_node_cache_spares_what_a_reader_maps(
     tmp_path: Path,
 ) -> None:
-    keys = write_sources(tmp_path / "src", 2_000)
-    local = tmp_path / "r.tsc"
-    tsc.build_store(keys, local, loader=RecordLoader(boxes=True), loader_id="rec/1",
-                    fields=BOX_FIELDS, workers=1, progress=False, shard_bytes=4096).close()
+    keys, local = build_box_store(tmp_path, 2_000)
     meta = GroupMetadata.read(local)
     data = fetched_files(meta.spec)
     cache = tmp_path / "cache"
@@ -106,10 +89,7 @@ def test_gc_of_a_records_copy_in_the_node_cache_spares_what_a_reader_maps(
 def test_the_node_cache_evicts_the_files_of_records_least_recently_used_first(
     tmp_path: Path,
 ) -> None:
-    keys = write_sources(tmp_path / "src", 2_000)
-    local = tmp_path / "r.tsc"
-    tsc.build_store(keys, local, loader=RecordLoader(boxes=True), loader_id="rec/1",
-                    fields=BOX_FIELDS, workers=1, progress=False, shard_bytes=4096).close()
+    _keys, local = build_box_store(tmp_path, 2_000)
     meta = GroupMetadata.read(local)
     image = meta.spec.fields[0]
     cache = tmp_path / "cache"

@@ -31,32 +31,22 @@ from benchmarks.s3server import S3Process
 from tensorstore_cache.format.metadata import GroupMetadata, fetched_files
 
 from . import _records
+from .conftest import assert_same_batch
 
 REPO = Path(__file__).resolve().parents[1]
-N = 2_000
-SHARD_BYTES = 4096  # a few KiB a data file: several files in every field
+N = 2_000  # the records of records_store
+SHARD_BYTES = _records.SHARD_BYTES  # a few KiB a data file: several files in every field
 BUCKET = "records"
 URL = f"s3://{BUCKET}/r.tsc"
 PREFIX = f"{BUCKET}/r.tsc/"
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
-    """The sources, and the store of their records built locally (the reference)."""
-    base = tmp_path_factory.mktemp("records-remote")
-    paths = _records.write_sources(base / "src", N)
-    tsc.build_store(paths, base / "local.tsc", loader=_records.RecordLoader(boxes=True),
-                    loader_id="rec/1", fields=_records.BOX_FIELDS, workers=1, progress=False,
-                    shard_bytes=SHARD_BYTES).close()
-    return paths, base / "local.tsc"
-
-
-@pytest.fixture(scope="module")
 def uploaded(
-    s3: S3Process, sources: tuple[list[str], Path], tmp_path_factory: pytest.TempPathFactory
+    s3: S3Process, records_store: tuple[list[str], Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     """The store built to S3 by two processes, and what was asked of the server meanwhile."""
-    paths, _local = sources
+    paths, _local = records_store
     base = tmp_path_factory.mktemp("uploaded")
     log = base / "calls.log"
     s3.reset()
@@ -71,20 +61,6 @@ def uploaded(
     store.close()
     return {"options": s3.storage_options(), "meta": meta, "puts": puts, "pids": pids,
             "builder": base / "builder"}
-
-
-def _same_batch(got: dict[str, Any], want: dict[str, Any]) -> None:
-    assert list(got) == list(want)
-    for name, value in want.items():
-        if isinstance(value, tsc.Ragged):
-            np.testing.assert_array_equal(got[name].values, value.values)
-            np.testing.assert_array_equal(got[name].offsets, value.offsets)
-            if value.shapes is not None:
-                np.testing.assert_array_equal(got[name].shapes, value.shapes)
-        elif isinstance(value, list):
-            assert got[name] == value
-        else:
-            np.testing.assert_array_equal(got[name], value)
 
 
 def _files_of(meta: GroupMetadata, offsets: dict[str, np.ndarray], rows: list[int]) -> set[str]:
@@ -136,9 +112,9 @@ def _cache_bytes(cache: Path) -> int:
 
 
 def test_tasks_upload_fixed_shards_and_ragged_runs_and_the_group_goes_last(
-    s3: S3Process, uploaded: dict[str, Any], sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, local = sources
+    paths, local = records_store
     meta: GroupMetadata = uploaded["meta"]
     assert len(uploaded["pids"]) == 2  # the builder and its pool's worker loaded records
     puts = uploaded["puts"]
@@ -171,7 +147,7 @@ def test_tasks_upload_fixed_shards_and_ragged_runs_and_the_group_goes_last(
                         storage_options=uploaded["options"]) as other:
         assert other.paths == reference.paths
         rows = np.arange(N)
-        _same_batch(other.take(rows), reference.take(rows))
+        assert_same_batch(other.take(rows), reference.take(rows))
         for p in paths[::97]:
             assert _records.same(other[p], _records.expected(p, boxes=True))
         other.verify()
@@ -188,9 +164,9 @@ print(json.dumps({k: (v if isinstance(v, str) else v.tolist()) for k, v in rec.i
 
 
 def test_a_fresh_process_reading_one_record_fetches_the_index_and_only_its_files(
-    s3: S3Process, uploaded: dict[str, Any], sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, local = sources
+    paths, local = records_store
     meta: GroupMetadata = uploaded["meta"]
     row = 1_237
     s3.reset()
@@ -218,15 +194,15 @@ def test_a_fresh_process_reading_one_record_fetches_the_index_and_only_its_files
 
 
 def test_prefetch_then_verify_a_remote_store_of_records(
-    s3: S3Process, uploaded: dict[str, Any], sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    _paths, local = sources
+    _paths, local = records_store
     meta: GroupMetadata = uploaded["meta"]
     reference = tsc.open_store(local)
     store = tsc.open_store(URL, cache_dir=tmp_path / "cache", storage_options=uploaded["options"])
     rows = np.array([3, 900, 1_999])
     s3.reset()
-    _same_batch(store.take(rows), reference.take(rows))
+    assert_same_batch(store.take(rows), reference.take(rows))
     needed = _files_of(meta, _offsets(local), rows.tolist())
     stats = store.fetch_stats
     assert stats is not None and stats.shards == len(needed)
@@ -240,15 +216,15 @@ def test_prefetch_then_verify_a_remote_store_of_records(
     gets = [r.key for r in s3.requests("GET", PREFIX) if r.key[len(PREFIX):] in set(data)]
     assert sorted(gets) == sorted(PREFIX + rel for rel in data)  # every data file, once
     store.verify()
-    _same_batch(store.take(np.arange(N)), reference.take(np.arange(N)))
+    assert_same_batch(store.take(np.arange(N)), reference.take(np.arange(N)))
     store.close()
 
 
 @pytest.mark.filterwarnings("error::tensorstore_cache.CacheLimitWarning")
 def test_a_capped_node_cache_holds_while_every_record_is_read(
-    uploaded: dict[str, Any], sources: tuple[list[str], Path], tmp_path: Path
+    uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, local = sources
+    paths, local = records_store
     meta: GroupMetadata = uploaded["meta"]
     reference = tsc.open_store(local)
     cache = tmp_path / "cache"
@@ -267,7 +243,7 @@ def test_a_capped_node_cache_holds_while_every_record_is_read(
     holds = store.segments[0].supply.holds  # type: ignore[union-attr]
     for start in range(0, N, 128):  # an epoch in row order, batches of 128
         rows = np.arange(start, min(N, start + 128))
-        _same_batch(store.take(rows), reference.take(rows))
+        assert_same_batch(store.take(rows), reference.take(rows))
         assert _cache_bytes(cache) <= cap
         assert len(holds.held) <= sum(shares.values())  # type: ignore[arg-type]
     record = store[paths[7]]
@@ -284,9 +260,9 @@ def test_a_capped_node_cache_holds_while_every_record_is_read(
 
 
 def test_a_pickled_store_of_records_reopens_the_node_copy_without_requests(
-    s3: S3Process, uploaded: dict[str, Any], sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, _local = sources
+    paths, _local = records_store
     store = tsc.open_store(URL, cache_dir=tmp_path / "cache", storage_options=uploaded["options"])
     assert _records.same(store[paths[11]], _records.expected(paths[11], boxes=True))
     s3.reset()
@@ -317,10 +293,10 @@ def _read_in_child(store: tsc.CacheStore, rows: list[int], out: Any) -> None:
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_reader_processes_of_a_remote_store_of_records(
-    s3: S3Process, uploaded: dict[str, Any], sources: tuple[list[str], Path], tmp_path: Path,
+    s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path,
     method: str,
 ) -> None:
-    _paths, local = sources
+    _paths, local = records_store
     meta: GroupMetadata = uploaded["meta"]
     reference = tsc.open_store(local)
     store = tsc.open_store(URL, cache_dir=tmp_path / "cache", storage_options=uploaded["options"])
@@ -356,16 +332,16 @@ def test_reader_processes_of_a_remote_store_of_records(
     assert len(gets) == len(set(gets)) > 0
     already = _files_of(meta, _offsets(local), list(range(200)))
     assert not {g[len(PREFIX):] for g in gets} & already  # the parent's were not fetched again
-    _same_batch(store.take(np.arange(N)), reference.take(np.arange(N)))
+    assert_same_batch(store.take(np.arange(N)), reference.take(np.arange(N)))
     store.close()
 
 
 def test_a_damaged_chunk_names_its_url_and_the_other_fields_still_read(
-    s3: S3Process, sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
     import s3fs
 
-    paths, _local = sources
+    paths, _local = records_store
     url = f"s3://{BUCKET}/damaged.tsc"
     options = s3.storage_options()
     tsc.build_store(paths[:300], url, loader=_records.RecordLoader(boxes=True), loader_id="rec/1",
@@ -394,9 +370,9 @@ def test_a_damaged_chunk_names_its_url_and_the_other_fields_still_read(
 
 
 def test_a_local_url_copy_of_records_fetches_fields_as_read(
-    sources: tuple[list[str], Path], tmp_path: Path
+    records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, local = sources
+    paths, local = records_store
     meta = GroupMetadata.read(local)
     data = set(fetched_files(meta.spec))
     cache = tmp_path / "cache"
@@ -406,7 +382,7 @@ def test_a_local_url_copy_of_records_fetches_fields_as_read(
     assert {rel for rel in meta.files if (version / rel).exists()} == set(meta.files) - data
     rows = [17, 1_500]
     reference = tsc.open_store(local)
-    _same_batch(store.take(np.array(rows)), reference.take(np.array(rows)))
+    assert_same_batch(store.take(np.array(rows)), reference.take(np.array(rows)))
     assert {rel for rel in data if (version / rel).exists()} == _files_of(meta, _offsets(local),
                                                                           rows)
     for p in paths[::211]:
@@ -421,9 +397,9 @@ def test_a_local_url_copy_of_records_fetches_fields_as_read(
 
 
 def test_lengths_come_from_the_offsets_without_fetching_values(
-    sources: tuple[list[str], Path], tmp_path: Path
+    records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, local = sources
+    paths, local = records_store
     meta = GroupMetadata.read(local)
     cache = tmp_path / "cache"
     store = tsc.open_store(f"local://{local}", cache_dir=cache)
@@ -454,9 +430,9 @@ def _listed(options: dict[str, Any], prefix: str) -> set[str]:
 
 
 def test_a_failed_build_of_records_deletes_its_shards_and_runs(
-    s3: S3Process, sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, _local = sources
+    paths, _local = records_store
     url = f"s3://{BUCKET}/failed.tsc"
     s3.reset()
     with pytest.raises(tsc.BuildError, match="1 of 2000 sources") as err:
@@ -475,9 +451,9 @@ def test_a_failed_build_of_records_deletes_its_shards_and_runs(
 
 
 def test_a_worker_killed_mid_build_of_records_leaves_nothing(
-    s3: S3Process, sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, _local = sources
+    paths, _local = records_store
     url = f"s3://{BUCKET}/killed.tsc"
     # the pool's worker takes the first tasks, the builder the last: the worker uploads task
     # 0's shards and runs, then dies in task 1 (85 rows a task here)
@@ -495,9 +471,9 @@ def test_a_worker_killed_mid_build_of_records_leaves_nothing(
 
 
 def test_skip_mode_and_overwrites_of_records_at_a_url(
-    s3: S3Process, sources: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    paths, local = sources
+    paths, local = records_store
     url = f"s3://{BUCKET}/skipped.tsc"
     options = s3.storage_options()
     # first a store of tensors there: replaced by records, its arrays deleted
@@ -517,7 +493,7 @@ def test_skip_mode_and_overwrites_of_records_at_a_url(
     reference = tsc.open_store(local)
     with tsc.open_store(url, cache_dir=tmp_path / "r", storage_options=options) as other:
         other.verify()
-        _same_batch(other.take(np.arange(len(keep))), reference.take(np.array(keep)))
+        assert_same_batch(other.take(np.arange(len(keep))), reference.take(np.array(keep)))
         assert other.paths == [paths[i] for i in keep]
     store.close()
     # and tensors over records: the fields go

@@ -279,42 +279,16 @@ def test_prefetch_makes_shards_present_without_mapping_them(
 # -- stores of records: one supply for every field ---------------------------------------
 
 from . import _records  # noqa: E402
+from .conftest import assert_same_batch  # noqa: E402
 
-N_RECORDS = 2_000
-
-
-@pytest.fixture(scope="module")
-def records_full(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
-    """2,000 records of every kind of field, in data files of about 4 KiB (a shard of a
-    fixed field, a chunk of a ragged field's values): several files a field."""
-    base = tmp_path_factory.mktemp("records")
-    paths = _records.write_sources(base / "src", N_RECORDS)
-    root = base / "r.tsc"
-    tsc.build_store(paths, root, loader=_records.RecordLoader(boxes=True), loader_id="rec/1",
-                    fields=_records.BOX_FIELDS, workers=1, progress=False,
-                    shard_bytes=4096).close()
-    return root, paths
+N_RECORDS = 2_000  # the records of records_store
 
 
 @pytest.fixture(params=["node_cache", "local_fake"])
 def records_opener(
-    request: pytest.FixtureRequest, records_full: tuple[Path, list[str]], tmp_path: Path
+    request: pytest.FixtureRequest, records_store: tuple[list[str], Path], tmp_path: Path
 ) -> Iterator[Opener]:
-    yield (node_cache if request.param == "node_cache" else fake)(records_full[0], tmp_path)
-
-
-def _same_batch(got: dict[str, Any], want: dict[str, Any]) -> None:
-    assert list(got) == list(want)
-    for name, value in want.items():
-        if isinstance(value, tsc.Ragged):
-            np.testing.assert_array_equal(got[name].values, value.values)
-            np.testing.assert_array_equal(got[name].offsets, value.offsets)
-            if value.shapes is not None:
-                np.testing.assert_array_equal(got[name].shapes, value.shapes)
-        elif isinstance(value, list):
-            assert got[name] == value
-        else:
-            np.testing.assert_array_equal(got[name], value)
+    yield (node_cache if request.param == "node_cache" else fake)(records_store[1], tmp_path)
 
 
 def _owns_memory(a: np.ndarray) -> bool:
@@ -333,10 +307,10 @@ def _ranges(spec: Any) -> dict[str, range]:
 @pytest.mark.filterwarnings("ignore::tensorstore_cache.CacheLimitWarning")  # tiny caps
 @pytest.mark.parametrize("budget", [None, 6, 18])
 def test_record_reads_through_a_supply_are_right_and_keep_the_protocol(
-    records_opener: Opener, records_full: tuple[Path, list[str]], tmp_path: Path,
+    records_opener: Opener, records_store: tuple[list[str], Path], tmp_path: Path,
     budget: int | None,
 ) -> None:
-    full, paths = records_full
+    paths, full = records_store
     reference = tsc.open_store(full)
     store, made = records_opener(tmp_path, budget)
     (rec,) = made
@@ -350,7 +324,7 @@ def test_record_reads_through_a_supply_are_right_and_keep_the_protocol(
     rng = np.random.default_rng(budget or 0)
     for _ in range(12):
         rows = rng.integers(0, N_RECORDS, int(rng.integers(1, 60)))
-        _same_batch(store.take(rows), reference.take(rows))
+        assert_same_batch(store.take(rows), reference.take(rows))
         rec.note()
         p = paths[int(rng.integers(0, N_RECORDS))]
         assert _records.same(store[p], _records.expected(p, boxes=True))
@@ -381,9 +355,9 @@ def test_record_reads_through_a_supply_are_right_and_keep_the_protocol(
 
 
 def test_a_record_read_asks_for_only_the_files_holding_it(
-    records_opener: Opener, records_full: tuple[Path, list[str]], tmp_path: Path
+    records_opener: Opener, records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    full, paths = records_full
+    paths, full = records_store
     reference = tsc.open_store(full)
     spec = reference.spec
     ranges = _ranges(spec)
@@ -404,15 +378,15 @@ def test_a_record_read_asks_for_only_the_files_holding_it(
     # a batch: one ask per field, of all its missing files at once
     rec.batches.clear()
     rows = np.array([0, 700, 1_999], np.int64)
-    _same_batch(store.take(rows), reference.take(rows))
+    assert_same_batch(store.take(rows), reference.take(rows))
     assert len(rec.batches) <= len(ranges)
     store.close()
 
 
 def test_prefetch_of_records_makes_every_field_present_without_mapping(
-    records_opener: Opener, records_full: tuple[Path, list[str]], tmp_path: Path
+    records_opener: Opener, records_store: tuple[list[str], Path], tmp_path: Path
 ) -> None:
-    full, _paths = records_full
+    _paths, full = records_store
     reference = tsc.open_store(full)
     store, (rec,) = records_opener(tmp_path, None)
     rows = np.array([5, 1_500], np.int64)
@@ -421,7 +395,7 @@ def test_prefetch_of_records_makes_every_field_present_without_mapping(
     local = rec.local
     present = {rel for rel in fetched_files(reference.spec) if (local / rel).exists()}
     assert len(present) == got
-    _same_batch(store.take(rows), reference.take(rows))
+    assert_same_batch(store.take(rows), reference.take(rows))
     assert {fetched_files(reference.spec)[k] for b in rec.batches for k in b} == present
     assert store.prefetch().result() == len(fetched_files(reference.spec)) - got
     store.close()

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import Batch, Reader, RecordMethod, pad_rows
+from ._base import Batch, IndexedReader, Reader, RecordMethod, pad_rows
 
 IMAGE_SHAPE = (3, 32, 32)
 FLAT = 3 * 32 * 32
@@ -68,15 +68,8 @@ def _batch(b: Mapping[str, Any]) -> Batch:
     return Batch(b["image"].reshape(-1, *IMAGE_SHAPE), _titles(b["title_ids"]), b["rating"])
 
 
-class HfReader(Reader):
-    def __init__(self, ds: Any) -> None:
-        self.ds = ds
-        self.n = len(ds)
-        self.rows = np.arange(self.n)
-        self.index: dict[str, int] = {}
-
-    def first(self) -> Any:
-        return self.ds[0]
+class HfReader(IndexedReader):
+    """Rows in the order the map wrote them, read a batch at a time."""
 
     def key_map(self, keys: list[str]) -> None:
         stored = self.ds.with_format(None)["key"][:]  # one read (iterating reads row by row)

@@ -12,13 +12,13 @@ an item here, against 0.09 ms with ``False``; iterating is faster with the defau
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._base import Batch, Reader, RecordMethod, batches_of, stack_records
+from ._base import Batch, IndexedReader, Reader, RecordMethod, batches_of
 
 
 class _Record:
@@ -35,29 +35,12 @@ class _Record:
                 "rating": np.asarray(rec["rating"], dtype=np.float32)}
 
 
-class LitReader(Reader):
+class LitReader(IndexedReader):
+    """Items in input order (``keep_data_ordered``); the epoch streams the folder."""
+
     def __init__(self, ds: Any, input_dir: str) -> None:
-        self.ds = ds
+        super().__init__(ds)
         self.input_dir = input_dir
-        self.n = len(ds)
-        self.rows = np.arange(self.n)
-        self.index: dict[str, int] = {}
-
-    def first(self) -> Any:
-        return self.ds[0]
-
-    def key_map(self, keys: list[str]) -> None:
-        # stored in input order (keep_data_ordered); the benchmark checks every record's
-        # fields against the numpy limit's
-        self.index = {k: i for i, k in enumerate(keys)}
-        self.rows = np.arange(len(keys))
-
-    def record(self, key: str) -> Mapping[str, Any]:
-        return self.ds[self.index[key]]  # type: ignore[no-any-return]
-
-    def batch(self, rows: np.ndarray) -> Batch:
-        ds = self.ds
-        return stack_records([ds[i] for i in self.rows[rows].tolist()])
 
     def epoch(self, batch_size: int) -> Iterator[Batch]:
         from litdata import StreamingDataset

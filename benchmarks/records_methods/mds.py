@@ -23,13 +23,11 @@ import multiprocessing
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ._base import Batch, Reader, RecordMethod, batches_of, stack_records
+from ._base import Batch, IndexedReader, Reader, RecordMethod, batches_of
 
 COLUMNS = {"key": "str", "image": "ndarray:uint8:3,32,32", "title_ids": "ndarray:int32",
            "rating": "float32"}
@@ -57,28 +55,8 @@ def leftovers(directory: str) -> list[str]:
         return []
 
 
-class MdsReader(Reader):
-    def __init__(self, ds: Any) -> None:
-        self.ds = ds
-        self.n = len(ds)
-        self.rows = np.arange(self.n)
-        self.index: dict[str, int] = {}
-
-    def first(self) -> Any:
-        return self.ds[0]
-
-    def key_map(self, keys: list[str]) -> None:
-        # parts are written in key order and merged in part order; the benchmark checks
-        # every record's fields against the numpy limit's
-        self.index = {k: i for i, k in enumerate(keys)}
-        self.rows = np.arange(len(keys))
-
-    def record(self, key: str) -> Mapping[str, Any]:
-        return self.ds[self.index[key]]  # type: ignore[no-any-return]
-
-    def batch(self, rows: np.ndarray) -> Batch:
-        ds = self.ds
-        return stack_records([ds[i] for i in self.rows[rows].tolist()])
+class MdsReader(IndexedReader):
+    """Samples in key order: parts are written in key order and merged in part order."""
 
     def epoch(self, batch_size: int) -> Iterator[Batch]:
         return batches_of(iter(self.ds), batch_size)

@@ -9,15 +9,14 @@ address range (:class:`~tensorstore_cache.reader.vmap.VirtualRows`), so a
 batch is one ``numpy.take``. A shard supply (files fetched on demand)
 is asked for the shards about to be mapped, by their file ids (shard ``k``
 is file ``first + k`` of the store); under its budget of mapped files (the
-share of this array), the least recently used shards are unmapped and rows
-are copies.
+share of this array, :class:`~tensorstore_cache.reader.budget.MappedBudget`),
+the least recently used shards are unmapped and rows are copies.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy.typing as npt
 from ..errors import CorruptStoreError
 from ..format import FieldLayout, MappedShard, map_shard_fd, open_shard
 from ..fs import Trust
+from .budget import MappedBudget
 from .supply import ShardSupply
 from .vmap import VirtualRows, virtual_rows_supported
 
@@ -85,11 +85,12 @@ class FixedArray:
         self.item_nbytes = layout.row_nbytes
         self._supply = supply
         self._first = first
-        budget = None if supply is None else supply.budget
-        self._budget = None if budget is None else max(1, int(budget) // max(1, share))
-        self._used: OrderedDict[int, None] = OrderedDict()  # mapped shards, LRU first (budget)
         self._shards: list[MappedShard | None] = [None] * layout.shard_count()
         self._lock = threading.Lock()
+        self._budget = MappedBudget.of(  # None: every shard stays mapped, rows are views
+            supply, share=share, first=first, lock=self._lock, is_mapped=self._is_mapped,
+            map_file=self._map_slot, unmap_file=self._unmap_slot,
+        )
         self._vrows: VirtualRows | None = None
         self._all_mapped = False
         #: Every row in one contiguous copy-on-write view, once every shard is mapped
@@ -176,65 +177,27 @@ class FixedArray:
         finally:
             os.close(fd)
 
-    # -- a budget of mapped shards ---------------------------------------------
+    # -- a budget of mapped shards (see MappedBudget) -----------------------------------
 
-    def _with_mapped(self, ks: Sequence[int], read: Callable[[], None]) -> None:
-        """Run ``read`` under the lock while every shard of ``ks`` is mapped (budget mode).
+    def _is_mapped(self, k: int) -> bool:
+        return self._shards[k] is not None
 
-        Downloads happen outside the lock; shards another thread unmapped
-        meanwhile are asked for again. Afterwards the least recently used
-        shards beyond the budget are unmapped and given back to the supply.
-        """
-        supply = self._supply
-        assert supply is not None and self._budget is not None
-        while True:
-            missing = [k for k in ks if self._shards[k] is None]
-            if missing:
-                supply.ensure([self._first + k for k in missing])  # one hold each, kept while mapped
-            with self._lock:
-                for k in missing:
-                    if self._shards[k] is None:
-                        try:
-                            self._shards[k] = self._map(k)
-                        except BaseException:
-                            supply.release(self._first + k)
-                            raise
-                    else:  # another thread mapped it meanwhile: our hold is one too many
-                        supply.release(self._first + k)
-                if any(self._shards[k] is None for k in ks):
-                    continue  # unmapped by another thread before we locked: again
-                for k in ks:
-                    self._used[k] = None
-                    self._used.move_to_end(k)
-                read()
-                self._trim(keep=ks)
-                return
+    def _map_slot(self, k: int) -> None:
+        self._shards[k] = self._map(k)
 
-    def _trim(self, keep: Sequence[int]) -> None:
-        """Unmap least recently used shards beyond the budget (under the lock)."""
-        assert self._budget is not None and self._supply is not None
-        if len(self._used) <= self._budget:
-            return
-        kept = set(keep)
-        for k in list(self._used):
-            if len(self._used) <= self._budget:
-                return
-            if k in kept:
-                continue
-            del self._used[k]
-            vrows = self._vrows
-            if vrows is not None and self._vmapped[k]:
-                vrows.unmap_shard(k)
-                self._vmapped[k] = False
-            self._shards[k] = None
-            self._supply.release(self._first + k)
+    def _unmap_slot(self, k: int) -> None:
+        vrows = self._vrows
+        if vrows is not None and self._vmapped[k]:
+            vrows.unmap_shard(k)
+            self._vmapped[k] = False
+        self._shards[k] = None
 
-    def _copy_row(self, row: int) -> npt.NDArray[np.generic]:
+    def _copy_row(self, budget: MappedBudget, row: int) -> npt.NDArray[np.generic]:
         k, i = divmod(row, self.rows_per_shard)
         with self._lock:  # the hot path: its shard is mapped
             shard = self._shards[k]
             if shard is not None:
-                self._used.move_to_end(k)
+                budget.touch(k)
                 return (shard.rows[i, ...] if shard.rows is not None else shard.row(i)).copy()
         out = np.empty(self.item_shape, dtype=self.dtype)
 
@@ -243,13 +206,14 @@ class FixedArray:
             assert shard is not None
             out[...] = shard.rows[i] if shard.rows is not None else shard.row(i)
 
-        self._with_mapped([k], read)
+        budget.with_mapped([k], read)
         return out
 
     def row(self, row: int) -> npt.NDArray[np.generic]:
         """Return a copy-on-write view of one row (a copy when shards are released, see budget)."""
-        if self._budget is not None:
-            return self._copy_row(row)
+        budget = self._budget
+        if budget is not None:
+            return self._copy_row(budget, row)
         every = self.all_rows
         if every is not None:
             view: npt.NDArray[np.generic] = every[row, ...]
@@ -271,8 +235,9 @@ class FixedArray:
             return
         s = self.rows_per_shard
         shard_ids = rows // s
-        if self._budget is not None:
-            self._gather_budget(rows, shard_ids, out)
+        budget = self._budget
+        if budget is not None:
+            self._gather_budget(budget, rows, shard_ids, out)
             return
         if not self._all_mapped:
             self._map_shards(np.unique(shard_ids).tolist())
@@ -292,17 +257,14 @@ class FixedArray:
                     out[j] = shard.row(i)
 
     def _gather_budget(
-        self, rows: npt.NDArray[np.int64], shard_ids: npt.NDArray[np.int64],
-        out: npt.NDArray[np.generic],
+        self, budget: MappedBudget, rows: npt.NDArray[np.int64],
+        shard_ids: npt.NDArray[np.int64], out: npt.NDArray[np.generic],
     ) -> None:
         """Gather under a budget of mapped shards: in groups, shards already mapped first."""
-        assert self._budget is not None
         ks = np.unique(shard_ids).tolist()
         ks.sort(key=lambda k: self._shards[k] is None)  # stable: mapped ones first
-        budget = self._budget
-        whole = len(ks) <= budget
-        for start in range(0, len(ks), budget):
-            group = ks[start : start + budget]
+        whole = len(ks) <= budget.limit
+        for group in budget.groups(ks):
             sel = None if whole else np.flatnonzero(np.isin(shard_ids, group))
 
             def read(group: list[int] = group, sel: Any = sel) -> None:
@@ -324,12 +286,12 @@ class FixedArray:
                         for j, i in zip(mine.tolist(), local.tolist(), strict=True):
                             out[j] = shard.row(i)
 
-            self._with_mapped(group, read)
+            budget.with_mapped(group, read)
 
     @property
     def budget(self) -> int | None:
         """Most shards mapped at once (None: no limit, rows are views)."""
-        return self._budget
+        return None if self._budget is None else self._budget.limit
 
     @property
     def supply(self) -> ShardSupply | None:
@@ -361,4 +323,5 @@ class FixedArray:
         self._vrows = None
         self.all_rows = None
         self._all_mapped = False
-        self._used.clear()
+        if self._budget is not None:
+            self._budget.clear()

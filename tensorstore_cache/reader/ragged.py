@@ -11,9 +11,10 @@ files are fetched on demand (a :class:`~tensorstore_cache.reader.supply.ShardSup
 maps a chunk when a row in it is first read, after asking the supply for it
 (chunk ``k`` is file ``first + k`` of the store; all the chunks of one read at
 once). Under the supply's budget of mapped files, at most this array's share
-of chunks stay mapped (least recently used ones are unmapped and given back),
-each mapped apart: rows and batches are then **copies**, never views that could
-point into a released chunk.
+of chunks stay mapped (least recently used ones are unmapped and given back:
+:class:`~tensorstore_cache.reader.budget.MappedBudget`), each mapped apart:
+rows and batches are then **copies**, never views that could point into a
+released chunk.
 
 Offsets come from a file that could be hostile: a row's offsets are checked
 (``0 <= offsets[i] <= offsets[i+1] <= total``, vectorised for a batch) before
@@ -30,7 +31,6 @@ import math
 import mmap
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -42,6 +42,7 @@ import numpy.typing as npt
 from ..errors import CorruptStoreError
 from ..format import FieldLayout, Ragged
 from ..fs import Trust, map_file, open_sized
+from .budget import MappedBudget
 from .supply import ShardSupply
 from .vmap import VirtualRows, virtual_rows_supported
 
@@ -108,13 +109,14 @@ class RaggedArray:
                             f"{self.total} values the store records")
         self._supply = supply
         self._first = first
-        budget = None if supply is None else supply.budget
-        self._budget = None if budget is None else max(1, int(budget) // max(1, share))
         self._lock = threading.Lock()
+        self._budget = MappedBudget.of(  # None: every chunk stays mapped, rows are views
+            supply, share=share, first=first, lock=self._lock, is_mapped=self._is_mapped,
+            map_file=self._map_slot, unmap_file=self._unmap_slot,
+        )
         self._count = layout.shard_count()
         self._chunks: list[npt.NDArray[Any] | None] = [None] * self._count  # mapped chunks
         self._in_vrows = [False] * self._count  # chunk k lies in its slot of the contiguous view
-        self._used: OrderedDict[int, None] = OrderedDict()  # mapped chunks, LRU first (budget)
         self._values: npt.NDArray[Any] | None = None  # every row of values, once all are mapped
         self._all_mapped = self._count == 0
         self._vrows: VirtualRows | None = None  # where chunks are mapped (None: apart)
@@ -205,50 +207,16 @@ class RaggedArray:
                 if self._vview is not None and all(self._in_vrows):
                     self._values = self._vview  # every row in one contiguous view from now on
 
-    def _with_chunks(self, ks: Sequence[int], read: Callable[[], None]) -> None:
-        """Run ``read`` under the lock while every chunk of ``ks`` is mapped (budget mode).
+    # -- a budget of mapped chunks (see MappedBudget) -----------------------------------
 
-        Downloads happen outside the lock; chunks another thread unmapped
-        meanwhile are asked for again. Afterwards the least recently used
-        chunks beyond the budget are unmapped and given back to the supply.
-        """
-        supply = self._supply
-        assert supply is not None and self._budget is not None
-        while True:
-            missing = [k for k in ks if self._chunks[k] is None]
-            if missing:
-                supply.ensure([self._first + k for k in missing])  # one hold each, while mapped
-            with self._lock:
-                for k in missing:
-                    if self._chunks[k] is None:
-                        try:
-                            self._chunks[k] = self._map_chunk(k)
-                        except BaseException:
-                            supply.release(self._first + k)
-                            raise
-                    else:  # another thread mapped it meanwhile: our hold is one too many
-                        supply.release(self._first + k)
-                if any(self._chunks[k] is None for k in ks):
-                    continue  # unmapped by another thread before we locked: again
-                for k in ks:
-                    self._used[k] = None
-                    self._used.move_to_end(k)
-                read()
-                self._trim(keep=ks)
-                return
+    def _is_mapped(self, k: int) -> bool:
+        return self._chunks[k] is not None
 
-    def _trim(self, keep: Sequence[int]) -> None:
-        """Unmap least recently used chunks beyond the budget (under the lock)."""
-        assert self._budget is not None and self._supply is not None
-        kept = set(keep)
-        for k in list(self._used):
-            if len(self._used) <= self._budget:
-                return
-            if k in kept:
-                continue
-            del self._used[k]
-            self._chunks[k] = None  # mapped apart: its mapping goes with the last copy read
-            self._supply.release(self._first + k)
+    def _map_slot(self, k: int) -> None:
+        self._chunks[k] = self._map_chunk(k)
+
+    def _unmap_slot(self, k: int) -> None:
+        self._chunks[k] = None  # mapped apart: its mapping goes with the last copy read
 
     def map_all(self) -> None:
         """Map every chunk now (not under a budget: there, chunks are mapped as read)."""
@@ -286,7 +254,7 @@ class RaggedArray:
     @property
     def budget(self) -> int | None:
         """Most chunks mapped at once (None: no limit, rows are views)."""
-        return self._budget
+        return None if self._budget is None else self._budget.limit
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -364,16 +332,15 @@ class RaggedArray:
             index = np.repeat(start - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
             return np.take(self._values, index, axis=0), offsets
         ks = self.chunks_of(start, stop)
-        if self._budget is not None:
+        budget = self._budget
+        if budget is not None:
             out = np.empty((total, *self.inner), self.dtype)
-            budget = self._budget
-            for at in range(0, len(ks), budget):
-                group = ks[at : at + budget]
+            for group in budget.groups(ks):
 
                 def read(group: list[int] = group) -> None:
                     self._copy_pieces(group, start, stop, offsets, out)
 
-                self._with_chunks(group, read)
+                budget.with_mapped(group, read)
             return out, offsets
         self._prepare(ks)
         whole = self._contiguous(ks)
@@ -446,5 +413,6 @@ class RaggedArray:
         self._chunks = [None] * self._count
         self._in_vrows = [False] * self._count
         self._all_mapped = False
-        self._used.clear()
+        if self._budget is not None:
+            self._budget.clear()
         self._buffers = []

@@ -72,6 +72,15 @@ class SourceIdentity:
     """What each row's store recorded (``"stat"``, ``"none"`` or ``"token"``; None: stat
     everywhere)."""
 
+    def take(self, sel: npt.NDArray[np.intp]) -> SourceIdentity:
+        """The identity of the rows at positions ``sel`` of these rows."""
+        return SourceIdentity(
+            size=self.size[sel],
+            mtime_ns=self.mtime_ns[sel],
+            content_hash=None if self.content_hash is None else self.content_hash[sel],
+            recorded=None if self.recorded is None else self.recorded[sel],
+        )
+
 _CHUNK = 2048
 _THREADS = 16
 _SLOW_STAT_S = 50e-6  # slower than this per stat: a network filesystem, use threads

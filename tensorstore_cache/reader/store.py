@@ -624,16 +624,19 @@ class CacheStore:
         keys = self.paths if paths is None else list(dict.fromkeys(normalize_keys(paths)))
         rows = self.rows(keys, missing="ignore")
         present = np.flatnonzero(rows >= 0)
+        recorded = self.source_identity(rows[present], content_hash=kind != "token")
         if as_recorded:  # each entry judged the way it was recorded
-            kinds = self.source_identity(rows[present]).recorded
+            kinds = recorded.recorded
+            assert kinds is not None
             if bool(np.any(kinds == "token")):
                 raise TypeError(
                     f"entries of {self._location!r} were recorded with version tokens: pass "
                     "identity=<the function of the keys giving their tokens> to check them"
                 )
-            present = present[kinds != "none"]
+            judged = np.flatnonzero(kinds != "none")
+            present = present[judged]
+            recorded = recorded.take(judged)
         found = [keys[i] for i in present.tolist()]
-        recorded = self.source_identity(rows[present], content_hash=kind != "token")
         tokens = None
         if token_fn is not None:
             by_key = token_map(found, token_fn)

@@ -12,7 +12,8 @@ loader's model: it imports nothing the loader's ``setup`` imports.
 
 A device worker listens on a Unix socket (:mod:`multiprocessing.connection`,
 authenticated by a key only the build's processes know). Every connection
-has a reader thread that queues its requests; the worker computes them one
+has a reader thread that authenticates it (so a client that connects and
+then stalls holds up no other) and queues its requests; the worker computes them one
 at a time, in the order they came, and answers each on its connection. A
 CPU worker keeps one batch queued behind the one computing, so the device
 does not wait for ``prepare``.
@@ -29,7 +30,13 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import (
+    Client,
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
 from typing import Any
 
 from ..errors import BuildError
@@ -185,10 +192,18 @@ def _frames(exc: BaseException) -> str:
 def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
     """In a device worker: set the loader up on ``device``, then compute the batches sent to
     ``address`` until a connection sends ``None``."""
-    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    # authenticated in each connection's own thread, not in accept(): a client
+    # that connects and then stalls must not keep every other one waiting
+    listener = Listener(address, family="AF_UNIX")
     requests: queue.Queue[tuple[Connection, Any]] = queue.Queue()
 
     def read(conn: Connection) -> None:
+        try:  # what Listener(authkey=...).accept() does, in the same order
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        except Exception:  # a connection that failed authentication or went away: drop it
+            conn.close()
+            return
         while True:
             try:
                 message = conn.recv()
@@ -202,8 +217,6 @@ def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
                 conn = listener.accept()
             except OSError:
                 return
-            except Exception:  # a connection that failed authentication: ignore it
-                continue
             threading.Thread(target=read, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, name="tsc-device-accept", daemon=True).start()

@@ -250,6 +250,29 @@ def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:
         assert store.source_identity(np.array([1], np.int64)).content_hash is None
 
 
+def test_stale_reads_the_recorded_identity_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    paths = []
+    for i in range(3):
+        (src / f"k{i}").write_bytes(b"x" * (i + 1))
+        paths.append(str(src / f"k{i}"))
+    asked: list[bool] = []
+    recorded = CacheStore.source_identity
+
+    def counted(self: CacheStore, rows: Any, *, content_hash: bool = False) -> Any:
+        asked.append(content_hash)
+        return recorded(self, rows, content_hash=content_hash)
+
+    with _open(_build(tmp_path / "s.tsc", paths, identity="stat")) as store:
+        monkeypatch.setattr(CacheStore, "source_identity", counted)
+        (src / "k1").write_bytes(b"changed")
+        assert store.stale() == [paths[1]]  # each entry judged as recorded: by stat
+        assert asked == [True]  # one read, the content hashes of racily clean entries with it
+
+
 def _open(root: Path) -> CacheStore:
     return open_directory(root)
 
@@ -370,3 +393,61 @@ def test_store_getitem_fast_path_normalises_what_it_does_not_find(tmp_path: Path
         for bad, error in (("", ValueError), ("d/k1\x00", ValueError), (3, TypeError)):
             with pytest.raises(error):
                 store[bad]  # type: ignore[index]
+
+
+class _Holds:
+    """A supply that counts the holds it gave out (a budget of 2 files)."""
+
+    stats = FetchStats()
+
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}
+
+    @property
+    def budget(self) -> int | None:
+        return 2
+
+    def prefetch(self, shards: Sequence[int], *, background: bool = False) -> Future[int]:
+        raise AssertionError("not asked for by a budget")
+
+    def close(self) -> None:
+        pass
+
+    def ensure(self, shards: Sequence[int]) -> None:
+        for k in shards:
+            self.held[k] = self.held.get(k, 0) + 1
+
+    def release(self, k: int) -> None:
+        self.held[k] -= 1
+        assert self.held[k] >= 0, f"file {k} given back more often than it was held"
+
+
+def test_a_budget_gives_back_every_hold_a_failed_mapping_took() -> None:
+    import threading
+
+    from tensorstore_cache.reader.budget import MappedBudget
+
+    supply, mapped, broken = _Holds(), set(), {3}
+
+    def map_file(k: int) -> None:
+        if k in broken:
+            raise tsc.CorruptStoreError(f"file {k} is damaged", str(k))
+        mapped.add(k)
+
+    budget = MappedBudget.of(
+        supply, share=1, first=100, lock=threading.Lock(), is_mapped=mapped.__contains__,
+        map_file=map_file, unmap_file=mapped.discard,
+    )
+    assert budget is not None and budget.limit == 2
+    with pytest.raises(tsc.CorruptStoreError):
+        budget.with_mapped([1, 2, 3, 4], lambda: None)
+    # files 1 and 2 stay mapped, each with its one hold; 3 and 4 hold nothing
+    assert mapped == {1, 2} and supply.held == {101: 1, 102: 1, 103: 0, 104: 0}
+    broken.clear()
+    budget.with_mapped([4], lambda: None)  # the least recently used beyond 2 given back
+    assert mapped == {2, 4} and supply.held == {101: 0, 102: 1, 103: 0, 104: 1}
+    mapped.add(5)  # mapped outside the budget (map_all), then read: in the order from now
+    supply.ensure([105])
+    budget.touch(5)
+    budget.with_mapped([4], lambda: None)
+    assert len(mapped) == 2 and sum(supply.held.values()) == 2

@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# The tests in TEST_JOBS processes (pytest-xdist), a test module's tests in one of them, so
+# that a module's expensive fixture (a benchmark's smoke run) is made once.
+TEST_JOBS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -124,4 +124,3 @@ def build_box_store(base: Path, n: int) -> tuple[list[str], Path]:
     tsc.build_store(paths, root, loader=RecordLoader(boxes=True), loader_id="rec/1",
                     fields=BOX_FIELDS, workers=1, progress=False, shard_bytes=SHARD_BYTES).close()
     return paths, root
-

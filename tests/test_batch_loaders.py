@@ -271,6 +271,8 @@ def test_a_client_that_stalls_in_the_handshake_holds_up_no_other(tmp_path: Path)
             break
         except (FileNotFoundError, ConnectionRefusedError):
             threading.Event().wait(0.01)
+    else:
+        pytest.fail("the device worker never listened")
     with pytest.raises(multiprocessing.AuthenticationError):  # refused, and blocks no other
         Client(address, family="AF_UNIX", authkey=b"not the build's key")
     conn = Client(address, family="AF_UNIX", authkey=key)  # hung here before

@@ -216,35 +216,6 @@ def test_changed_source_is_recomputed_and_overrides(tmp_path: Path, cache: Path)
     assert not np.array_equal(was, new[keys[4]])
 
 
-def test_a_part_wholly_overridden_by_two_later_parts_is_looked_up(tmp_path: Path) -> None:
-    # racing builders without locks can leave a big part every row of which
-    # later parts override; a batch lookup searched it first and indexed its
-    # empty set of live rows (IndexError from rows(), seen in a clean-clone run)
-    from tensorstore_cache.format import encode_key
-    from tensorstore_cache.reader.overlay import Overlay
-    from tensorstore_cache.reader.segment import Segment
-
-    keys = write_sources(tmp_path / "src", 6)
-    stores = []
-    for i, subset in enumerate((keys, keys[:3], keys[3:])):
-        for k in subset:
-            Path(k).write_bytes(f"version {i} of {k}".encode())
-        tsc.build_store(subset, tmp_path / f"part{i}", loader=LogLoader(tmp_path / "log"),
-                        progress=False).close()
-        stores.append(Segment(tmp_path / f"part{i}"))
-    overlay = Overlay(stores)
-    assert overlay.n == 6 and overlay.live_rows(0).size == 0
-    encoded = [encode_key(k) for k in [*keys, "not/in/store"]]
-    rows = overlay.find_many(encoded)
-    assert rows[-1] == -1 and sorted(rows[:-1].tolist()) == list(range(6))
-    assert [overlay.find(k) for k in keys] == [
-        (1 if i < 3 else 2, i % 3) for i in range(6)
-    ]
-    out = np.empty((6, 4), np.float32)
-    overlay.gather(rows[:-1], out)
-    np.testing.assert_array_equal(out, expected(keys))
-
-
 def test_stale_policies_and_deleted_sources(tmp_path: Path, cache: Path) -> None:
     keys = write_sources(tmp_path / "src", 6)
     log = tmp_path / "log"

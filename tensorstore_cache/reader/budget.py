@@ -101,7 +101,7 @@ class MappedBudget:
         files beyond the budget (not those of ``ks``) are unmapped and given
         back to the supply. When a file fails to map, the holds of it and
         of the files after it are given back before the error propagates;
-        the files mapped before it are kept, under the budget.
+        the files mapped before it are kept, within the budget.
         """
         supply, first = self.supply, self.first
         is_mapped = self._is_mapped
@@ -117,6 +117,7 @@ class MappedBudget:
                         except BaseException:
                             for rest in missing[i:]:  # holds no mapping took
                                 supply.release(first + rest)
+                            self._trim(keep=())  # reads that keep failing stay in budget
                             raise
                         self._used[k] = None  # mapped: in the order from now on
                     else:  # another thread mapped it meanwhile: our hold is one too many

@@ -46,6 +46,10 @@ _T = TypeVar("_T")
 #: Keys looked up per vectorised step of :meth:`CacheStore.rows` (their temporaries stay
 #: small: a process keeps the heap that large temporaries grew).
 _ROWS_CHUNK = 1024
+#: Most bytes of paths per step of :meth:`CacheStore.rows`: a step's temporaries (about one
+#: byte each per byte of its paths) stay under glibc's initial mmap threshold (128 KiB), so
+#: they are reused from the heap instead of growing it for good.
+_ROWS_BYTES = 96 << 10
 #: :meth:`CacheStore.rows` of more than :data:`_ROWS_CHUNK` paths looks each distinct path
 #: up once when at most this share of them are distinct (a ratings table's paths).
 _REPEATS = 0.8
@@ -388,23 +392,26 @@ class CacheStore:
         return self._rows(values, missing)
 
     def _rows(self, values: Sequence[Any], missing: Missing) -> npt.NDArray[np.int64]:
-        """:meth:`rows` of a sequence of paths, in steps of :data:`_ROWS_CHUNK`."""
+        """:meth:`rows` of a sequence of paths, in steps of at most :data:`_ROWS_CHUNK`."""
         out = np.empty(len(values), dtype=np.int64)
         missing_keys: list[str] = []
         # In chunks: the temporaries of a lookup grow with the keys' bytes, and a
         # process keeps freed heap, so one huge call would cost memory for good.
-        for start in range(0, len(values), _ROWS_CHUNK):
-            part = values[start : start + _ROWS_CHUNK]
-            found, absent = self._find_chunk(part)
+        step = _step(values)
+        for start in range(0, len(values), step):
+            part = values[start : start + step]
+            found, absent = self._find_chunk(part, named=missing == "raise")
             out[start : start + len(part)] = found
-            if missing == "raise":
-                missing_keys.extend(absent)
+            missing_keys.extend(absent)
         if missing_keys:
             raise KeyNotInStoreError(missing_keys)
         return out
 
-    def _find_chunk(self, part: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:
-        """The rows of a chunk of paths (-1 where absent) and the keys of the absent ones.
+    def _find_chunk(
+        self, part: Sequence[Any], named: bool
+    ) -> tuple[npt.NDArray[np.int64], list[str]]:
+        """The rows of a chunk of paths (-1 where absent) and, if ``named``, the keys of the
+        absent ones.
 
         The paths are first looked up as they are (a path equal to a stored key
         is that key: :func:`~tensorstore_cache.format.encode_as_given`); only
@@ -415,7 +422,7 @@ class CacheStore:
         if given is None:  # not all str, or a NUL: normalised (or refused) first
             keys, encoded, layout = encode_keys_laid_out(part)
             found = self._overlay.find_many(encoded, layout)
-            return found, [str(keys[i]) for i in np.flatnonzero(found < 0).tolist()]
+            return found, _absent(keys, found, named)
         found = self._overlay.find_many(*given)
         if bool(found.min() >= 0):
             return found, []
@@ -424,8 +431,8 @@ class CacheStore:
         keys, encoded, layout = encode_keys_laid_out(unfound)
         if keys is not unfound:  # some are not their own key: look the keys up
             found[miss] = again = self._overlay.find_many(encoded, layout)
-            return found, [str(keys[i]) for i in np.flatnonzero(again < 0).tolist()]
-        return found, [str(k) for k in keys]
+            return found, _absent(keys, again, named)
+        return found, [str(k) for k in keys] if named else []
 
     def take(self, rows: npt.ArrayLike, out: npt.NDArray[Any] | None = None) -> Any:
         """Gather rows into one contiguous ``(B, *item_shape)`` array.
@@ -908,6 +915,24 @@ class CacheStore:
         if self._records and self._field is not None:
             return (open_field, (self._where, self._field))
         return (open_location, (self._where,))
+
+
+def _step(values: Sequence[Any]) -> int:
+    """Paths per step of :meth:`CacheStore.rows`: :data:`_ROWS_CHUNK`, fewer for long paths
+    (their mean length estimated from a sample), so a step's paths hold about
+    :data:`_ROWS_BYTES` at most."""
+    sample = [v for v in values[:: max(1, len(values) // 16)][:16] if isinstance(v, str)]
+    if not sample:
+        return _ROWS_CHUNK
+    mean = sum(map(len, sample)) / len(sample)
+    return max(64, min(_ROWS_CHUNK, int(_ROWS_BYTES // max(mean + 1.0, 1.0))))
+
+
+def _absent(keys: Sequence[Any], found: npt.NDArray[np.int64], named: bool) -> list[str]:
+    """The keys not found (``found < 0``), if they are to be ``named``."""
+    if not named:
+        return []
+    return [str(keys[i]) for i in np.flatnonzero(found < 0).tolist()]
 
 
 def _repeats(values: Sequence[Any]) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -15,6 +16,7 @@ import xxhash
 
 import tensorstore_cache as tsc
 from tensorstore_cache.errors import KeyNotInStoreError
+from tensorstore_cache.format import encode_key
 from tensorstore_cache.format.keys import key_layout
 from tensorstore_cache.format.metadata import shard_count, shard_key
 from tensorstore_cache.fs.trust import Trust
@@ -27,6 +29,7 @@ from tensorstore_cache.reader.segment import Segment
 from tensorstore_cache.reader.store import CacheStore
 from tensorstore_cache.reader.supply import FetchStats
 
+from .._cache_loaders import LogLoader, expected, write_sources
 from .._loaders import Filled
 from .._stores import Layered, layered
 
@@ -423,8 +426,6 @@ class _Holds:
 
 
 def test_a_budget_gives_back_every_hold_a_failed_mapping_took() -> None:
-    import threading
-
     from tensorstore_cache.reader.budget import MappedBudget
 
     supply, mapped, broken = _Holds(), set(), {3}
@@ -451,3 +452,50 @@ def test_a_budget_gives_back_every_hold_a_failed_mapping_took() -> None:
     budget.touch(5)
     budget.with_mapped([4], lambda: None)
     assert len(mapped) == 2 and sum(supply.held.values()) == 2
+    # reads that keep failing on a damaged file map no more than the budget
+    broken.add(9)
+    for k in (6, 7, 8):
+        with pytest.raises(tsc.CorruptStoreError):
+            budget.with_mapped([k, 9], lambda: None)
+        assert len(mapped) <= 2 and sum(supply.held.values()) == len(mapped)
+
+
+def test_rows_of_long_paths_go_in_smaller_steps_and_agree_with_a_dict(tmp_path: Path) -> None:
+    # a step's temporaries grow with its paths' bytes: long paths take fewer per step
+    keys = [f"{'long-directory-name/' * 20}k{i:05d}" for i in range(1500)]
+    assert store_module._step(keys) < store_module._ROWS_CHUNK
+    assert store_module._step([f"d/k{i}" for i in range(10)]) == store_module._ROWS_CHUNK
+    assert store_module._step([Path("a")] * 10) == store_module._ROWS_CHUNK
+    with tsc.open_store(_build(tmp_path / "s.tsc", keys)) as store:
+        want = {k: i for i, k in enumerate(store.paths)}
+        asked = [*keys[::-1], "./" + keys[3], "absent/one"]
+        rows = store.rows(asked, missing="ignore")
+        assert rows.tolist() == [*(want[k] for k in keys[::-1]), want[keys[3]], -1]
+        with pytest.raises(KeyNotInStoreError) as info:
+            store.rows([*keys, "absent/two", "absent/three"])
+        assert "absent/two" in str(info.value) and "absent/three" in str(info.value)
+
+
+def test_a_part_wholly_overridden_by_two_later_parts_is_looked_up(tmp_path: Path) -> None:
+    # racing builders without locks can leave a big part every row of which
+    # later parts override; a batch lookup searched it first and indexed its
+    # empty set of live rows (IndexError from rows())
+    keys = write_sources(tmp_path / "src", 6)
+    stores = []
+    for i, subset in enumerate((keys, keys[:3], keys[3:])):
+        for k in subset:
+            Path(k).write_bytes(f"version {i} of {k}".encode())
+        tsc.build_store(subset, tmp_path / f"part{i}", loader=LogLoader(tmp_path / "log"),
+                        progress=False).close()
+        stores.append(Segment(tmp_path / f"part{i}"))
+    overlay = Overlay(stores)
+    assert overlay.n == 6 and overlay.live_rows(0).size == 0
+    encoded = [encode_key(k) for k in [*keys, "not/in/store"]]
+    rows = overlay.find_many(encoded)
+    assert rows[-1] == -1 and sorted(rows[:-1].tolist()) == list(range(6))
+    assert [overlay.find(k) for k in keys] == [
+        (1 if i < 3 else 2, i % 3) for i in range(6)
+    ]
+    out = np.empty((6, 4), np.float32)
+    overlay.gather(rows[:-1], out)
+    np.testing.assert_array_equal(out, expected(keys))

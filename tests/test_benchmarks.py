@@ -335,3 +335,22 @@ def test_embed_runs_every_method_and_checks_its_embeddings(tmp_path: Path) -> No
     assert {t["status"] for t in report["targets"].values()} <= {"PASS", "MISS"}
     assert set(report["targets"]) == {"batched_vs_per_item", "batched_vs_limit"}
     assert str(tmp_path) not in json.dumps(report)  # paths are portable
+
+
+@pytest.mark.timeout(360)
+def test_embed_timeline_stamps_every_stage_of_a_batched_build(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.embed_timeline", "--images", "40", "--batch-size",
+         "16", "--threads", "1", "--workdir", str(tmp_path / "work")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [ln.strip().split("  ", 2) for ln in proc.stdout.splitlines() if " s  pid " in ln]
+    times = [float(t.split()[0]) for t, _pid, _what in events]
+    assert times == sorted(times)
+    what = [w for _t, _pid, w in events]
+    assert what[0] == "cached() called" and what[-1] == "cached() returned", what
+    for stage in ("setup started", "setup ended", "first item prepared",
+                  "first batch of 16", "last batch of 8 (3 batches)"):
+        assert stage in what, (stage, what)
+    assert what.index("setup ended") < what.index("first batch of 16")

@@ -111,12 +111,17 @@ def _all_keys(paths: Sequence[Any]) -> bool:
     """
     if len(paths) == 0 or set(map(type, paths)) != {str}:  # keys are plain str
         return False
-    try:
-        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
-    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...)
-        return False
+    joined = _joined(paths)
     # a path holding a NUL would add a separator: normalize_key must reject it
-    return _plain(joined) and joined.count(b"\x00") == len(paths) - 1
+    return joined is not None and _plain(joined) and joined.count(b"\x00") == len(paths) - 1
+
+
+def _joined(paths: Sequence[Any] | npt.NDArray[Any]) -> bytes | None:
+    """The UTF-8 bytes of ``paths`` joined by NUL; None if one is not a ``str``."""
+    try:
+        return "\x00".join(paths).encode("utf-8", "surrogateescape")
+    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...)
+        return None
 
 
 def path_sequence(paths: Iterable[object]) -> Sequence[Any]:
@@ -207,35 +212,21 @@ def key_layout(encoded: Sequence[bytes]) -> KeyLayout:
     return KeyLayout(b"".join(encoded), starts, lengths)
 
 
-def _plain_starts(joined: bytes, count: int) -> npt.NDArray[np.int64] | None:
-    """Where each of ``count`` keys joined by NUL starts, if every one is its own key.
+def _separators(joined: bytes) -> npt.NDArray[np.int64]:
+    """The positions of the NULs of ``joined``."""
+    return np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 0)
 
-    The conditions of :func:`normalize_key`'s fast path, checked with a few
-    vectorised passes over ``joined`` (like :func:`_plain`, with the positions
-    of the separators it also returns): no key is empty, starts with ``.``,
-    ends with ``/`` or holds ``//`` or ``/.``, and no key holds a NUL (one
-    separator less than ``count - 1`` would say so). None when one fails.
-    Its temporaries grow with ``joined``: for chunks of keys.
-    """
-    if count == 0 or not joined or joined[0] in (0, _DOT) or joined[-1] in (0, _SLASH):
-        return None
-    data = np.frombuffer(joined, dtype=np.uint8)
-    seps = np.flatnonzero(data == 0)
-    if len(seps) != count - 1:
-        return None
-    # within the buffer: its first and last bytes are not separators
-    first = data[seps + 1]  # the first byte of every key but the first
-    if ((first == _DOT) | (first == 0)).any() or (data[seps - 1] == _SLASH).any():
-        return None
-    # "/" followed by "/" or ".": (b | 1) == "/" only for those two
-    pairs = data[:-1] == _SLASH
-    pairs &= (data[1:] | 1) == _SLASH
-    if pairs.any():
-        return None
+
+def _split_layout(joined: bytes, seps: npt.NDArray[np.int64]) -> KeyLayout:
+    """The layout of the keys of ``joined``, separated by NULs at ``seps``."""
+    count = len(seps) + 1
     starts = np.empty(count, dtype=np.int64)
     starts[0] = 0
     np.add(seps, 1, out=starts[1:])
-    return starts
+    lengths = np.empty(count, dtype=np.int64)
+    np.subtract(seps, starts[:-1], out=lengths[:-1])
+    lengths[-1] = len(joined) - starts[-1]
+    return KeyLayout(joined, starts, lengths)
 
 
 def encode_as_given(
@@ -254,22 +245,13 @@ def encode_as_given(
         Each path's bytes and their layout; None when a path is not a ``str``
         or holds a NUL (:func:`encode_keys_laid_out` then says which).
     """
-    if len(paths) == 0:
+    joined = _joined(paths) if len(paths) else None
+    if joined is None:
         return None
-    try:
-        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
-    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...)
-        return None
-    seps = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 0)
+    seps = _separators(joined)
     if len(seps) != len(paths) - 1:  # a path holds a NUL
         return None
-    starts = np.empty(len(paths), dtype=np.int64)
-    starts[0] = 0
-    np.add(seps, 1, out=starts[1:])
-    lengths = np.empty(len(paths), dtype=np.int64)
-    np.subtract(seps, starts[:-1], out=lengths[:-1])
-    lengths[-1] = len(joined) - starts[-1]
-    return joined.split(b"\x00"), KeyLayout(joined, starts, lengths)
+    return joined.split(b"\x00"), _split_layout(joined, seps)
 
 
 def encode_keys_laid_out(
@@ -290,21 +272,15 @@ def encode_keys_laid_out(
     """
     if len(paths) == 0:
         return [], [], KeyLayout(b"", np.empty(0, np.int64), np.empty(0, np.int64))
-    try:
-        joined = "\x00".join(paths).encode("utf-8", "surrogateescape")
-    except (TypeError, UnicodeEncodeError):  # not all str (os.PathLike...): key by key
-        joined = b""
+    joined = _joined(paths)
     keys: Sequence[str] = paths  # type: ignore[assignment]
-    starts = _plain_starts(joined, len(paths)) if joined else None
-    if starts is None:
-        keys = [normalize_key(p) for p in paths]
+    # every path its own key (the checks of normalize_key's fast path), none holding a NUL
+    seps = _separators(joined) if joined is not None and _plain(joined) else None
+    if joined is None or seps is None or len(seps) != len(paths) - 1:
+        keys = [normalize_key(p) for p in paths]  # raises for a bad path
         joined = "\x00".join(keys).encode("utf-8", "surrogateescape")
-        starts = np.zeros(len(keys), dtype=np.int64)
-        starts[1:] = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 0) + 1
-    lengths = np.empty(len(keys), dtype=np.int64)
-    np.subtract(starts[1:], starts[:-1] + 1, out=lengths[:-1])
-    lengths[-1] = len(joined) - starts[-1]
-    return keys, joined.split(b"\x00"), KeyLayout(joined, starts, lengths)
+        seps = _separators(joined)
+    return keys, joined.split(b"\x00"), _split_layout(joined, seps)
 
 
 def encode_keys(paths: Sequence[Any] | npt.NDArray[Any]) -> tuple[Sequence[str], list[bytes]]:

@@ -24,7 +24,10 @@ install: $(STAMP)
 # that a module's expensive fixture (a benchmark's smoke run) is made once.
 TEST_JOBS ?= 2
 
+# Byte-compiled first, as an installed package is: where PYTHONDONTWRITEBYTECODE is set, each
+# worker process of a build would otherwise compile the package from source when it starts.
 test: lint
+	$(BIN)/python -m compileall -q tensorstore_cache benchmarks tests > /dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 lint: $(STAMP)

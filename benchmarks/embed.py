@@ -76,7 +76,7 @@ def log(msg: str) -> None:
 class PeakMemory:
     """The peak RSS of this process and of every process it starts, sampled in a thread."""
 
-    def __init__(self, every_s: float = 0.05) -> None:
+    def __init__(self, every_s: float = 0.25) -> None:
         self.every_s = every_s
         self.peaks: dict[int, tuple[str, int]] = {}
         self._stop = threading.Event()
@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     data = (args.data or workdir / f"data-{args.images}-s{args.seed}").resolve()
     results = args.results.resolve()
     files = ResultsFile(results, args.out)
+    _report.compile_sources()
     env = _report.environment()
     env["command"] = _report.command("benchmarks.embed", argv)
     log(f"generating {args.images:,} covers into {data}")

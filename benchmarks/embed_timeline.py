@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 import tensorstore_cache as tsc
 from benchmarks import make_images
+from benchmarks._report import compile_sources
 from benchmarks.embed_model import CoverEmbed, decode
 
 
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where the covers are made (default: the embedding benchmark's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    compile_sources()
     workdir = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-embed").resolve()
     data = workdir / f"data-{max(args.images)}-s{args.seed}"
     make_images.generate(data, max(args.images), args.seed, quiet=True)

@@ -40,7 +40,7 @@ import numpy as np
 
 from benchmarks import make_images
 from benchmarks._portable import portable
-from benchmarks._report import environment
+from benchmarks._report import compile_sources, environment
 from benchmarks.methods._base import ITEM_SHAPE, SIZE, SyntheticLoader
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -289,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     data = base / f"data-{images}-s{args.seed}"
     make_images.generate(data, images, args.seed)
     paths = [str(p) for p in sorted((data / "images").rglob("*.*"))]
+    compile_sources()
     env = environment()
     env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.micro", *sys.argv[1:]])
     res: dict[str, Any] = {"env": env}

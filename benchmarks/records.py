@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
     started = time.time()
     files = ResultsFile(cfg.results, cfg.out)
+    _report.compile_sources()
     env = _report.environment()
     env["command"] = _report.command("benchmarks.records", argv)
     log(f"generating {cfg.images:,} covers into {cfg.data}")

@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     set_start_method(cfg.start_method)
     started = time.time()
+    _report.compile_sources()
     env = _report.environment()
     env["disk"] = disk_check(cfg)
     env["available_memory_at_start"] = available_memory()[0]

@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = time.time()
+    _report.compile_sources()
     env = _report.environment()
     env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.sweep",
                                *(sys.argv[1:] if argv is None else argv)])

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_GROUP_JSON",
     "MAX_VALUES",
+    "MIN_SHARD_ROWS",
     "SHARD_BYTES",
     "Check",
     "IdentityKind",
@@ -68,6 +69,8 @@ MAX_VALUES = 2_000_000
 
 #: Target size of one shard file written by a build.
 SHARD_BYTES = 32 << 20
+#: Fewest rows in a shard of a build (unless the build has fewer).
+MIN_SHARD_ROWS = 64
 
 LocalCopy = Literal["auto", "always", "never"]
 """Whether a store opened by path is read through the node cache (``open_store``)."""

@@ -127,3 +127,21 @@ class LoggedCoverEmbed(CoverEmbed):
     def __call__(self, items: list[Any]) -> Any:
         log(self.where, f"batch {os.getpid()} {len(items)} -")
         return super().__call__(items)
+
+
+class Leaves(Embed):
+    """Writes to a file it opened in ``setup`` and never flushes or closes, registers an
+    ``atexit`` handler there, and logs the ``OMP_WAIT_POLICY`` it was started with."""
+
+    def setup(self, device: str) -> None:
+        import atexit
+
+        super().setup(device)
+        log(self.where, f"omp {os.environ.get('OMP_WAIT_POLICY', '-')}")
+        self.kept = open(Path(self.where) / "kept.txt", "w", encoding="utf-8")  # noqa: SIM115
+        self.kept.write(f"setup {os.getpid()}\n")
+        atexit.register(log, self.where, f"atexit {os.getpid()}")
+
+    def __call__(self, items: list[Any]) -> Any:
+        self.kept.write(f"batch {len(items)}\n")
+        return super().__call__(items)

@@ -24,6 +24,7 @@ import tensorstore_cache as tsc
 from ._batch_loaders import (
     Embed,
     FailingSetup,
+    Leaves,
     LoggedCoverEmbed,
     Prepare,
     Records,
@@ -284,3 +285,56 @@ def test_a_client_that_stalls_in_the_handshake_holds_up_no_other(tmp_path: Path)
     assert not worker.is_alive()
     stalled.close()
     conn.close()
+
+
+def test_a_device_worker_ends_with_its_atexit_handlers_run_and_its_files_flushed(
+    tmp_path: Path, where: str
+) -> None:
+    # a device worker skips the interpreter's teardown once it has served its build:
+    # what the loader wrote to a file it never closed, and its atexit handlers, still count
+    keys = _keys(100)
+    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=Leaves(where), loader_id="t/1",
+                            identity="none", batch_size=16, workers=1, progress=False)
+    np.testing.assert_array_equal(store.stack(keys), np.stack([value_of(k) for k in keys]))
+    (pid, _device, _attr), = events(where, "setup")
+    lines = (Path(where) / "kept.txt").read_text().splitlines()
+    assert lines[0] == f"setup {pid}"
+    assert sum(int(line.split()[1]) for line in lines[1:]) == len(keys)
+    assert events(where, "atexit") == [[pid]]
+    with pytest.raises(ProcessLookupError):  # exited and reaped before the build returned
+        os.kill(int(pid), 0)
+
+
+def test_device_workers_wait_passively_unless_told_otherwise(
+    tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    tsc.build_store(_keys(10), tmp_path / "s.tsc", loader=Leaves(where), loader_id="t/1",
+                    identity="none", batch_size=4, workers=1, progress=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    tsc.build_store(_keys(10), tmp_path / "t.tsc", loader=Leaves(where), loader_id="t/1",
+                    identity="none", batch_size=4, workers=1, progress=False)
+    assert events(where, "omp") == [["PASSIVE"], ["ACTIVE"]]
+
+
+def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(
+    tmp_path: Path, where: str
+) -> None:
+    main = os.getpid()
+    # one shard (64 rows at least); three (the batches queued behind the first belong to
+    # shards the pool takes first: taken before); ten (taken once the pool has its first)
+    for name, n in (("one", 60), ("few", 150), ("many", 600)):
+        keys = [f"{name}{i}" for i in range(n)]
+        store = tsc.build_store(keys, tmp_path / f"{name}.tsc", loader=Embed(where),
+                                loader_id="t/1", identity="none",
+                                prepare=Prepare(where, slow_in=main), batch_size=8,
+                                workers=2, progress=False)
+        np.testing.assert_array_equal(store.stack(keys),
+                                      np.stack([value_of(k + "!") for k in keys]))
+        pids = {int(pid) for pid, key in events(where, "prepare") if key.startswith(name)}
+        assert (pids == {main}) if name == "one" else (pids - {main} != set())
+        # every key prepared once and given to the model once, the batches queued behind
+        # the first one (while the shape was learned) included
+        assert Counter(k for _p, k in events(where, "prepare") if k.startswith(name)) \
+            == Counter(keys)
+    assert sum(int(n) for _pid, n, _first in events(where, "batch")) == 810

@@ -226,9 +226,11 @@ def test_dataloader_workers_share_one_copy(big: tsc.CacheStore, context: str, co
     uss_growth = sum(last[p][0] - first[p][0] for p in first)
     anon_growth = sum(last[p][1] - first[p][1] for p in first)
     store_bytes = n * big.spec.item_nbytes
-    # Each worker touched half of the store (61 MB); a private copy would show here.
-    assert uss_growth < store_bytes / 8, (uss_growth, anon_growth, store_bytes)
-    assert anon_growth < store_bytes / 8, (uss_growth, anon_growth, store_bytes)
+    # Each worker touched half of the store (61 MB): a private copy would grow the two by
+    # 123 MB. What grows without one (the batches' tensors, allocator caches) was 5.5-15.7 MB
+    # over ten runs on 2 cores, so the bound is a quarter of the store, not an eighth.
+    assert uss_growth < store_bytes / 4, (uss_growth, anon_growth, store_bytes)
+    assert anon_growth < store_bytes / 4, (uss_growth, anon_growth, store_bytes)
     for k in (0, 4321, n - 1):
         np.testing.assert_array_equal(expected[k], vector_of(big.paths[k]))
 

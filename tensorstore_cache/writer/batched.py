@@ -15,26 +15,31 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from .. import config
 from ..config import Recorded
 from ..loaders import BatchLoader, Loader, LoaderInfo
-from .batches import compute_rows
+from .batches import BatchRun
 from .devices import DeviceStage, wait_listening
 from .pool import BuildPool
 from .records import Schema, check_record, infer_schema, is_record
+from .schedule import daemonic
 from .tasks import ShardTask, check_item, source_identity
 
-__all__ = ["device_workers", "devices_for", "first_batch", "per_key"]
+__all__ = ["Pending", "device_workers", "devices_for", "first_batch", "per_key"]
 
 #: Seconds a device worker may take to exit after its last batch before it is killed.
 DEVICE_EXIT_S = 60.0
 #: Batches the building process prepares and queues at most while it waits for the first
 #: answer of a device worker (which may be importing its framework and loading its model).
 FIRST_BATCHES = 8
+#: Bytes of prepared items it queues at most meanwhile (fewer batches of large items).
+FIRST_BYTES = 256 << 20
 
 
 class Options(Protocol):
@@ -58,17 +63,25 @@ class Options(Protocol):
     def prepare(self) -> Callable[[str], Any] | None: ...
     @property
     def devices(self) -> tuple[str, ...]: ...
+    @property
+    def executor(self) -> Executor | None: ...
 
 
 @contextlib.contextmanager
 def device_workers(
     loader: BatchLoader, devices: tuple[str, ...], prepare: Callable[[str], Any] | None,
-    batch_size: int,
-) -> Iterator[DeviceStage]:
-    """Start one device worker per device; yield the stage the CPU workers run; stop them.
+    batch_size: int, cpu_workers: int = 0,
+) -> Iterator[tuple[DeviceStage, BuildPool | None]]:
+    """Start one device worker per device, and ``cpu_workers`` CPU workers beside them; yield
+    the stage the CPU workers run and their pool (None without any); stop them all.
 
     Returns at once: this process's first connection waits until every
     worker listens (its ``setup`` may still run then: batches wait for it).
+    The CPU workers start now too, so that they are ready when the first
+    batch has given the shape and the shards are planned. A device worker's
+    OpenMP threads sleep rather than spin while they wait (``OMP_WAIT_POLICY=PASSIVE``,
+    unless this process's environment sets it): spinning threads would take the
+    cores the CPU workers prepare on.
 
     Raises
     ------
@@ -79,17 +92,19 @@ def device_workers(
     os.chmod(scratch, 0o700)
     addresses = tuple(str(scratch / f"{d}.sock") for d in range(len(devices)))
     authkey = secrets.token_bytes(32)
-    try:
-        pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status")
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
     stage = DeviceStage(prepare, batch_size, devices, addresses, authkey)
+    env = {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "PASSIVE"}
+    pools: list[BuildPool] = []
     try:
+        pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status", env=env)
+        pools.append(pool)
         futures = [pool.serve(device, address, authkey)
                    for device, address in zip(devices, addresses, strict=True)]
+        if cpu_workers > 0:
+            pools.append(BuildPool(cpu_workers, stage, scratch, status_dir=scratch / "cpu",
+                                   start=True))
         stage._started = lambda: wait_listening(futures, addresses, devices)
-        yield stage
+        yield stage, pools[1] if len(pools) > 1 else None
         stage.wait_started()  # never connected otherwise
         stage.close()
         stage.stop()
@@ -97,25 +112,37 @@ def device_workers(
             future.result()
     except BaseException:
         stage.close()
-        pool.abort()
+        for each in pools:
+            each.abort()
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    # a device's memory is free again before the build returns (another build may need it)
+    # the CPU workers and the device workers exit side by side; a device's memory is free
+    # again before the build returns (another build may need it)
+    for each in pools:
+        each.stop()
+    for each in pools[1:]:
+        each.close()
     pool.close(timeout=DEVICE_EXIT_S)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-
 @contextlib.contextmanager
-def devices_for(options: Options, keys: list[str]) -> Iterator[DeviceStage | None]:
-    """The device workers of a build by a batch loader (None for a loader of one key, or no
-    key to build), stopped when the block ends."""
+def devices_for(
+    options: Options, keys: list[str], workers: int
+) -> Iterator[tuple[DeviceStage | None, BuildPool | None]]:
+    """The device workers of a build by a batch loader, and the pool of its ``workers - 1``
+    CPU workers when the build will need one (both None for a loader of one key, or no key to
+    build), stopped when the block ends."""
     fn = options.loader.fn
     if not isinstance(fn, BatchLoader) or not keys:
-        yield None
+        yield None, None
         return
-    with device_workers(fn, options.devices, options.prepare, options.batch_size) as stage:
-        yield stage
+    # the CPU workers a build of more than one shard starts (see run_tasks)
+    several = len(keys) > max(config.MIN_SHARD_ROWS, options.batch_size)
+    cpu = workers - 1 if several and options.executor is None and not daemonic() else 0
+    with device_workers(fn, options.devices, options.prepare, options.batch_size,
+                        cpu) as started:
+        yield started
 
 
 def per_key(fn: Loader | BatchLoader) -> Loader:
@@ -134,6 +161,10 @@ class _Inferred:
         self.schema: Schema | None = None
         self.shape: tuple[int, ...] | None = None
 
+    def known(self) -> bool:
+        """Whether a row gave the schema or shape."""
+        return self.schema is not None or self.shape is not None
+
     def __call__(self, key: str, value: Any) -> Any:
         if self.schema is not None:
             return check_record(key, value, self.schema, self.names)
@@ -149,19 +180,49 @@ class _Inferred:
         return item
 
 
+class Pending:
+    """The batches of a first batch's chunk still being computed when the shape was known:
+    their answers are taken by :meth:`finish`, in this process, before it sends anything
+    else to the device worker."""
+
+    def __init__(self, run: BatchRun, start: int,
+                 identities: list[tuple[int, int, int]]) -> None:
+        self.run, self.start, self.identities = run, start, identities
+
+    @property
+    def rows(self) -> range:
+        """The build's rows whose items are being computed."""
+        return range(self.start, self.start + self.run.sent)
+
+    def finish(self) -> dict[int, tuple[Any, tuple[int, int, int]]]:
+        """Every row of the chunk, by build row: its value or failure, and source identity."""
+        rows = self.run.finish()
+        return {self.start + i: (row, self.identities[i]) for i, row in enumerate(rows)}
+
+
 def first_batch(
     stage: DeviceStage, keys: list[str], options: Options
-) -> tuple[dict[int, tuple[Any, tuple[int, int, int]]], Schema | None, tuple[int, ...] | None]:
-    """Compute batches from the first key on, until one item succeeds; return every item
-    computed by row (its value or :class:`~.batches.Failure`, and its source identity; kept,
-    and stored as it is), with the schema or item shape the first success gives (both None
-    if every key failed). The items are prepared here, up to :data:`FIRST_BATCHES` batches
-    ahead while the first answer is awaited; the loader runs on the first device worker."""
+) -> tuple[dict[int, tuple[Any, tuple[int, int, int]]], Pending | None, Schema | None,
+           tuple[int, ...] | None]:
+    """Compute batches until one item succeeds; return every item computed by row (its value
+    or :class:`~.batches.Failure`, and its source identity; kept, and stored as it is), the
+    batches still computing then (None if none), and the schema or item shape the first
+    success gives (both None if every key failed).
+
+    The keys are taken in chunks of :data:`FIRST_BATCHES` batches from the
+    last chunk back (in key order within a chunk, in the batches a shard
+    would make of them): their rows belong to the
+    last shards, which this process builds first while the pool's workers
+    take the first ones. The items are prepared here, up to the whole chunk
+    ahead while the first answer is awaited; the loader runs on the first
+    device worker."""
     infer = _Inferred(np.dtype(options.dtype), options.names)
     computed: dict[int, tuple[Any, tuple[int, int, int]]] = {}
-    start = 0
-    while start < len(keys):
-        chunk = keys[start : start + FIRST_BATCHES * stage.batch_size]
+    batch = stage.batch_size
+    end = len(keys)
+    while end > 0:  # chunks start on a multiple of the batch, as the shards' batches do
+        start = max(0, (end - FIRST_BATCHES * batch) // batch * batch)
+        chunk = keys[start:end]
         probe = ShardTask(root="", rel="", keys=chunk, loader=None, dtype="", item_shape=(),
                           rows_per_shard=1, write_on_failure=False,
                           hash_sources=options.hash_sources, identity=options.identity,
@@ -169,11 +230,16 @@ def first_batch(
                           else [options.tokens[k] for k in chunk])
         identities = [source_identity(probe, i, key) for i, key in enumerate(chunk)]
         # while the device worker starts (imports, setup), batches are prepared and queued
-        rows = compute_rows(stage, chunk, 0, infer, options.names, depth=FIRST_BATCHES,
-                            enough=lambda: infer.schema is not None or infer.shape is not None)
-        for i, (row, identity) in enumerate(zip(rows, identities, strict=False)):
-            computed[start + i] = (row, identity)
-        start += len(rows)
-        if infer.schema is not None or infer.shape is not None:
-            return computed, infer.schema, infer.shape
-    return computed, None, None
+        run = BatchRun(stage, chunk, 0, infer, options.names, depth=FIRST_BATCHES,
+                       max_bytes=FIRST_BYTES)
+        known = infer.known
+        run.send(enough=known)
+        while not known() and run.take():  # the answers one by one, up to the first success
+            pass
+        if known():
+            return computed, Pending(run, start, identities), infer.schema, infer.shape
+        computed.update(Pending(run, start, identities).finish())
+        end = start
+        if known():
+            return computed, None, infer.schema, infer.shape
+    return computed, None, None, None

@@ -14,6 +14,7 @@ that every failing key is named and ``on_error="skip"`` skips only those.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from ..errors import BuildError
 from ..format import Ragged
 from .devices import TRACE_FRAMES, DeviceStage
 
-__all__ = ["Failure", "Row", "compute_rows"]
+__all__ = ["BatchRun", "Failure", "Row", "compute_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,74 +85,122 @@ def _rows(result: Any, n: int, first: str, names: tuple[str, ...] | None) -> lis
     return list(array)
 
 
+class BatchRun:
+    """The rows of ``keys`` computed in batches on device worker ``device``, in key order:
+    each its value, checked by ``check(key, value)``, or a :class:`Failure` (of
+    ``prepare``, of the loader on the key alone, or of ``check``).
+
+    :meth:`send` prepares the keys and sends them ``stage.batch_size`` at a
+    time; up to ``depth`` batches stay queued behind the one computing (with
+    ``max_bytes``, fewer if the first batch's items say that so many would
+    hold more bytes), and every answer is taken as soon as it is there. :meth:`finish` takes the
+    answers still due (this process's connection answers in the order it
+    asked: nothing else may be sent to that device worker from this process
+    in between) and returns the rows. ``names`` orders the fields of a
+    loader's tuples.
+    """
+
+    def __init__(
+        self, stage: DeviceStage, keys: list[str], device: int,
+        check: Callable[[str, Any], Any], names: tuple[str, ...] | None = None,
+        *, depth: int = 1, max_bytes: int | None = None,
+    ) -> None:
+        self.stage, self.keys, self.device = stage, keys, device
+        self.check, self.names, self.depth = check, names, depth
+        self.max_bytes = max_bytes
+        self.out: list[Row] = [None] * len(keys)
+        self.sent = 0
+        """How many keys (from the first) were prepared and sent (or failed to prepare)."""
+        self._queued: list[tuple[list[int], list[Any]]] = []  # batches sent, oldest first
+        self._retry: list[tuple[int, Any]] = []
+
+    def send(self, enough: Callable[[], bool] | None = None) -> int:
+        """Prepare and send every key, or, with ``enough``, stop preparing once it returns
+        true (checked as answers come); the number of keys sent (a prefix of ``keys``)."""
+        stage = self.stage
+        rows: list[int] = []
+        items: list[Any] = []
+        for i in range(self.sent, len(self.keys)):
+            if enough is not None and enough():
+                break
+            self.sent = i + 1
+            key = self.keys[i]
+            try:
+                items.append(key if stage.prepare is None else stage.prepare(key))
+            except Exception as exc:
+                self.out[i] = Failure(f"{type(exc).__name__}: {exc}", _frames(exc))
+                continue
+            rows.append(i)
+            if len(rows) == stage.batch_size:
+                self._send(rows, items)
+                rows, items = [], []
+        if rows:
+            self._send(rows, items)
+        return self.sent
+
+    def take(self) -> bool:
+        """Take the oldest answer due (waiting for it); False if none is due."""
+        if not self._queued:
+            return False
+        self._finish(*self._queued.pop(0))
+        return True
+
+    def finish(self) -> list[Row]:
+        """Take every answer still due, send the keys of failed batches again one by one;
+        the rows of the keys sent."""
+        while self._queued:
+            self._finish(*self._queued.pop(0))
+        for i, item in self._retry:  # key by key, so that each failure is named
+            self.stage.send(self.device, [item])
+            self._finish([i], [item])
+        self._retry.clear()
+        return self.out[: self.sent]
+
+    def _send(self, rows: list[int], items: list[Any]) -> None:
+        if self.max_bytes is not None:  # the first batch tells what a batch weighs
+            per_batch = max(1, sum(_nbytes(item) for item in items))
+            self.depth = max(1, min(self.depth, self.max_bytes // per_batch - 1))
+            self.max_bytes = None
+        self.stage.send(self.device, items)
+        self._queued.append((rows, items))
+        while self._queued and (len(self._queued) > self.depth + 1
+                                or self.stage.ready(self.device)):
+            self._finish(*self._queued.pop(0))
+
+    def _finish(self, rows: list[int], items: list[Any]) -> None:
+        kind, result, frames = self.stage.receive(self.device)
+        if kind != "ok":
+            if len(rows) == 1:
+                self.out[rows[0]] = Failure(result, frames)
+            else:
+                self._retry.extend(zip(rows, items, strict=True))
+            return
+        values = _rows(result, len(rows), self.keys[rows[0]], self.names)
+        for i, value in zip(rows, values, strict=True):
+            try:
+                self.out[i] = self.check(self.keys[i], value)
+            except Exception as exc:
+                self.out[i] = Failure(f"{type(exc).__name__}: {exc}", "")
+
+
+def _nbytes(item: Any) -> int:
+    """About how many bytes a prepared item holds (an array's, else the object's size)."""
+    nbytes = getattr(item, "nbytes", None)
+    return nbytes if isinstance(nbytes, int) else sys.getsizeof(item)
+
+
 def compute_rows(
     stage: DeviceStage,
     keys: list[str],
     device: int,
     check: Callable[[str, Any], Any],
     names: tuple[str, ...] | None = None,
-    *,
-    enough: Callable[[], bool] | None = None,
-    depth: int = 1,
 ) -> list[Row]:
-    """The rows of ``keys``, in key order: each its value, checked by ``check(key, value)``,
-    or a :class:`Failure` (of ``prepare``, of the loader on the key alone, or of ``check``).
-
-    Batches go to device worker ``device``; up to ``depth`` stay queued behind
-    the one computing, and every answer is taken as soon as it is there.
-    ``names`` orders the fields of a loader's tuples. With ``enough``, no
-    further key is prepared once it returns true (checked as answers come):
-    the rows of the keys prepared until then are returned, a prefix of ``keys``.
-    """
-    out: list[Row] = [None] * len(keys)
-    queued: list[tuple[list[int], list[Any]]] = []  # batches sent, oldest first
-    retry: list[tuple[int, Any]] = []
-
-    def finish(rows: list[int], items: list[Any]) -> None:
-        kind, result, frames = stage.receive(device)
-        if kind != "ok":
-            if len(rows) == 1:
-                out[rows[0]] = Failure(result, frames)
-            else:
-                retry.extend(zip(rows, items, strict=True))
-            return
-        values = _rows(result, len(rows), keys[rows[0]], names)
-        for i, value in zip(rows, values, strict=True):
-            try:
-                out[i] = check(keys[i], value)
-            except Exception as exc:
-                out[i] = Failure(f"{type(exc).__name__}: {exc}", "")
-
-    def send(rows: list[int], items: list[Any]) -> None:
-        stage.send(device, items)
-        queued.append((rows, items))
-        while queued and (len(queued) > depth + 1 or stage.ready(device)):
-            finish(*queued.pop(0))
-
-    rows: list[int] = []
-    items: list[Any] = []
-    done = len(keys)
-    for i, key in enumerate(keys):
-        if enough is not None and enough():
-            done = i
-            break
-        try:
-            items.append(key if stage.prepare is None else stage.prepare(key))
-        except Exception as exc:
-            out[i] = Failure(f"{type(exc).__name__}: {exc}", _frames(exc))
-            continue
-        rows.append(i)
-        if len(rows) == stage.batch_size:
-            send(rows, items)
-            rows, items = [], []
-    if rows:
-        send(rows, items)
-    while queued:
-        finish(*queued.pop(0))
-    for i, item in retry:  # key by key, so that each failure is named
-        stage.send(device, [item])
-        finish([i], [item])
-    return out[:done]
+    """The rows of ``keys``, in key order, computed on device worker ``device`` (see
+    :class:`BatchRun`)."""
+    run = BatchRun(stage, keys, device, check, names)
+    run.send()
+    return run.finish()
 
 
 def _frames(exc: BaseException) -> str:

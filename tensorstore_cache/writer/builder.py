@@ -57,9 +57,10 @@ from ..remote import (
     withdraw_store,
 )
 from .assemble import finish_store, publish, seal
-from .batched import devices_for, first_batch, per_key
+from .batched import Pending, devices_for, first_batch, per_key
 from .devices import DeviceStage
 from .fields import assemble_fields, drop_rows, prepare_fields, record_spec
+from .pool import BuildPool
 from .records import Schema, check_record, infer_schema, is_record
 from .reentry import building
 from .schedule import run_tasks
@@ -168,7 +169,8 @@ def rows_per_shard(
     cap = max(1, shard_bytes // item)
     # ~8 shards per worker so that work balances at the end and progress moves, but no
     # tiny shards
-    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64), min(n, batch))))
+    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, config.MIN_SHARD_ROWS),
+                               min(n, batch))))
     unit = mmap.PAGESIZE // math.gcd(item, mmap.PAGESIZE)
     whole = math.lcm(unit, batch)
     if batch > 1 and rows >= whole:
@@ -223,21 +225,34 @@ def _probe(
                      named)
 
 
-def _plan(
-    keys: list[str], options: BuildOptions, label: str, stage: DeviceStage | None = None
-) -> tuple[StoreSpec, int, Probed | None]:
-    """Return the spec of the store of ``keys``, the worker count and the items computed to
-    learn the item shape (if any): the first item the loader succeeds on, or with the
-    ``stage`` of a batch loader (which is never called here) the first batch it succeeds on."""
-    np_dtype = np.dtype(options.dtype)
-    info = options.loader
-    n = len(keys)
+def _workers(options: BuildOptions) -> int:
+    """The build's worker processes (``options.workers``, or every core).
+
+    Raises
+    ------
+    ValueError
+        If ``options.workers`` is less than 1.
+    """
     nworkers = default_workers() if options.workers is None else int(options.workers)
     if nworkers < 1:
         raise ValueError(f"workers must be at least 1, got {options.workers!r}")
+    return nworkers
+
+
+def _plan(
+    keys: list[str], options: BuildOptions, label: str, stage: DeviceStage | None = None
+) -> tuple[StoreSpec, int, Probed | None, Pending | None]:
+    """Return the spec of the store of ``keys``, the worker count and the items computed to
+    learn the item shape (if any): the first item the loader succeeds on, or with the
+    ``stage`` of a batch loader (which is never called here) the first batch it succeeds on,
+    and the batches queued behind it, still being computed (see :class:`~.batched.Pending`)."""
+    np_dtype = np.dtype(options.dtype)
+    info = options.loader
+    n = len(keys)
+    nworkers = _workers(options)
     item_shape = info.item_shape
     schema = options.schema
-    probed = None
+    probed, pending = None, None
     if schema is None and (item_shape is None or options.names is not None):
         if not keys:
             raise ValueError(
@@ -245,10 +260,10 @@ def _plan(
                 "least one path or give the loader an item_shape attribute"
             )
         if stage is not None:
-            probed, schema, item_shape = first_batch(stage, keys, options)
+            probed, pending, schema, item_shape = first_batch(stage, keys, options)
             if schema is None and item_shape is None:
                 failures = [(keys[i], row.reason, row.frames) for i, (row, _identity)
-                            in probed.items()]
+                            in sorted(probed.items(), key=lambda item: item[0])]
                 named = [(k, r) for k, r, _f in failures]
                 raise BuildError(_failure_message(named, len(keys), label,
                                                   [f for _k, _r, f in failures]), named)
@@ -260,7 +275,7 @@ def _plan(
         spec = record_spec(n, schema, loader_id=info.loader_id, params=info.params,
                            workers=nworkers, shard_bytes=options.shard_bytes,
                            batch=options.batch_size if stage is not None else 1)
-        return dataclasses.replace(spec, identity=options.identity), nworkers, probed
+        return dataclasses.replace(spec, identity=options.identity), nworkers, probed, pending
     assert item_shape is not None
     item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
     spec = StoreSpec(
@@ -274,7 +289,7 @@ def _plan(
         created_unix=time.time(),
         identity=options.identity,
     )
-    return spec, nworkers, probed
+    return spec, nworkers, probed, pending
 
 
 def build(
@@ -312,8 +327,8 @@ def build(
                 f"{str(target)!r} already exists; pass overwrite=True to replace it, or open it "
                 "with tensorstore_cache.open_store"
             )
-        with devices_for(options, keys) as stage:
-            spec, nworkers, probed = _plan(keys, options, str(target), stage)
+        with devices_for(options, keys, _workers(options)) as (stage, pool):
+            spec, nworkers, probed, pending = _plan(keys, options, str(target), stage)
             target.parent.mkdir(parents=True, exist_ok=True)
             collect_debris(target)
             tmp = temp_dir(target)
@@ -321,7 +336,7 @@ def build(
             try:
                 meta, _sent, hashes = _build_into(
                     tmp, spec, keys, options, workers=nworkers, label=str(target),
-                    probed=probed, stage=stage,
+                    probed=probed, pending=pending, stage=stage, pool=pool,
                 )
                 publish(tmp, target, meta, overwrite=options.overwrite, trust=options.trust)
             except BaseException:
@@ -370,15 +385,16 @@ def build_to_url(
     options_dict = dict(storage_options) if storage_options is not None else None
     upload = url if shared_between_processes(url, storage_options) else None
     try:
-        with building(local), devices_for(options, keys) as stage:
-            spec, nworkers, probed = _plan(keys, options, url, stage)
+        with building(local), devices_for(options, keys, _workers(options)) as (stage, pool):
+            spec, nworkers, probed, pending = _plan(keys, options, url, stage)
             make_dir(local, options.trust, exist_ok=False)
             if options.overwrite:
                 withdraw_store(url, storage_options=storage_options)
             try:
                 meta, sent, _hashes = _build_into(
                     local, spec, keys, options, workers=nworkers, label=url, probed=probed,
-                    upload=upload, storage_options=options_dict, stage=stage,
+                    pending=pending, upload=upload, storage_options=options_dict, stage=stage,
+                    pool=pool,
                 )
                 seal(local, meta, url, options.trust)
                 upload_store(local, url, uploaded=sent, overwrite=options.overwrite,
@@ -407,15 +423,19 @@ def _build_into(
     workers: int,
     label: str,
     probed: Probed | None = None,
+    pending: Pending | None = None,
     upload: str | None = None,
     storage_options: dict[str, Any] | None = None,
     stage: DeviceStage | None = None,
+    pool: BuildPool | None = None,
 ) -> tuple[GroupMetadata, frozenset[str], npt.NDArray[np.uint64]]:
     """Write shards, index and array metadata into ``tmp``; return the group metadata.
 
     ``label`` names the build's target in messages. ``probed`` holds items
-    computed already (to learn the item shape). ``stage`` is what the tasks of
-    a batch loader run instead of the loader. With ``upload`` (a URL) the
+    computed already (to learn the item shape), ``pending`` those still being computed then
+    (taken in this process before its first task, the pool's first tasks being sent
+    before if they do not need them). ``stage`` is what the tasks of a batch loader
+    run instead of the loader, ``pool`` its CPU workers started already. With ``upload`` (a URL) the
     tasks upload their shards there instead; the shards that are there, not
     in ``tmp``, are returned with the metadata, and so are the content hashes
     of the rows' sources (0: none taken).
@@ -453,9 +473,21 @@ def _build_into(
         tasks[row // s].computed[row % s] = done
     if stage is not None:  # the CPU workers connect to the device workers at once
         stage.wait_started()
+
+    def take_pending() -> None:
+        assert pending is not None
+        for row, done in pending.finish().items():
+            tasks[row // s].computed[row % s] = done
+
+    # the pool's first tasks are sent from the front before this process takes any
+    later = (pending is not None and pool is not None and options.executor is None
+             and pending.rows.start // s >= 2 * pool.size)
+    if pending is not None and not later:
+        take_pending()
     results = run_tasks(
         tasks, workers=workers, progress=options.progress, executor=options.executor,
-        target=Path(label), n=n, label=options.label,
+        target=Path(label), n=n, label=options.label, pool=pool,
+        local_first=take_pending if later else None,
     )
     for layout in spec.layouts():  # left by attempts killed mid-write, then retried
         if isinstance(layout.field, Fixed) and (tmp / layout.path).is_dir():

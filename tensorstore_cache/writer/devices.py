@@ -17,13 +17,24 @@ then stalls holds up no other) and queues its requests; the worker computes them
 at a time, in the order they came, and answers each on its connection. A
 CPU worker keeps one batch queued behind the one computing, so the device
 does not wait for ``prepare``.
+
+A device worker that served its build to the end skips the interpreter's
+final teardown, which for a framework such as torch takes about a second
+that the build would wait for: every ``atexit`` handler still runs (the
+loader's and its framework's), the file objects left open are closed (as
+the teardown would), and then the process exits at once (:func:`os._exit`).
+One that failed exits as usual.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
+import io
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -189,9 +200,38 @@ def _frames(exc: BaseException) -> str:
     return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()
 
 
+def _exit_now_if(served: list[bool]) -> None:
+    """At exit, after every other ``atexit`` handler (registered first, it runs last): once
+    the worker has ``served`` its build, close its open files as the teardown would (a
+    file object left open is closed when it is collected), then exit without the teardown."""
+    if not served:
+        return  # it failed or was stopped midway: the usual exit
+    objects = gc.get_objects()
+    # by type, never touching an object's own attributes (some warn when looked at); the
+    # classes of io, and every file class built on them, derive from its C bases
+    text, buffered, base = (io.TextIOBase.__mro__[1], io.BufferedIOBase.__mro__[1],
+                            io.IOBase.__mro__[1])
+    kinds = {type(obj) for obj in objects}
+    rank = {kind: 0 if text in kind.__mro__ else 1 if buffered in kind.__mro__ else 2
+            for kind in kinds if base in kind.__mro__}
+    # text before the buffer it writes to, before the raw file under it
+    files = sorted((obj for obj in objects if type(obj) in rank), key=lambda f: rank[type(f)])
+    std = [s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None]
+    keep = {id(s) for s in std} | {id(getattr(s, "buffer", None)) for s in std}
+    keep |= {id(getattr(getattr(s, "buffer", None), "raw", None)) for s in std}
+    for done in ("flush", "close"):
+        for obj in files:
+            with contextlib.suppress(Exception):
+                if not obj.closed and (done == "flush" or id(obj) not in keep):
+                    getattr(obj, done)()
+    os._exit(0)
+
+
 def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
     """In a device worker: set the loader up on ``device``, then compute the batches sent to
     ``address`` until a connection sends ``None``."""
+    served: list[bool] = []
+    atexit.register(_exit_now_if, served)  # before setup: the loader's handlers run first
     # authenticated in each connection's own thread, not in accept(): a client
     # that connects and then stalls must not keep every other one waiting
     listener = Listener(address, family="AF_UNIX")
@@ -249,6 +289,8 @@ def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
                     conn.send(("error", f"the batch's result cannot be sent back to the build "
                                f"({type(exc).__name__}: {exc}); return arrays or a dict of "
                                "arrays", ""))
+        if failed is None:
+            served.append(True)
     finally:
         listener.close()
 

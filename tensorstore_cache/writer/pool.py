@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import BrokenExecutor, Future
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,10 @@ def _serve_pooled(device: str, address: str, authkey: bytes) -> None:
     _status("")
 
 
+def _started() -> None:
+    """A task that does nothing: the first task starts every worker of a pool."""
+
+
 def _run_pooled(task: ShardTask) -> ShardResult:
     """Run one shard task with the loader this worker received when it started."""
     if _start_error is not None:
@@ -225,23 +229,34 @@ class BuildPool:
         workers' status files until :meth:`close` or :meth:`abort`.
     status_dir
         Where the status files go instead (created, removed by :meth:`close`
-        or :meth:`abort`): the device workers of a batch loader have their own.
+        or :meth:`abort`): the workers of a batched build, started before its
+        directory exists, have their own.
+    env
+        Environment variables the workers get besides those of this process.
+    start
+        Start the workers now, rather than at the first task (their interpreters
+        start while this process goes on).
     """
 
     def __init__(
-        self, size: int, loader: object, build_dir: Path, *, status_dir: Path | None = None
+        self, size: int, loader: object, build_dir: Path, *, status_dir: Path | None = None,
+        env: Mapping[str, str] | None = None, start: bool = False,
     ) -> None:
         from loky import ProcessPoolExecutor
 
         payload = ship_loader(loader)
         status_dir = build_dir / STATUS_DIR if status_dir is None else status_dir
         status_dir.mkdir()
+        self.size = size
         self._status_dir = status_dir
         self._context = _started_processes_context()
         self._executor = ProcessPoolExecutor(
             max_workers=size, context=self._context, initializer=_bootstrap,
-            initargs=(payload, str(status_dir), os.getpid()), env=worker_environment(),
+            initargs=(payload, str(status_dir), os.getpid()),
+            env={**(env or {}), **worker_environment()},
         )
+        if start:  # the first task starts every worker; a worker that cannot start
+            self._executor.submit(_started)  # fails the build's first real task
 
     def submit(self, task: ShardTask) -> Future[ShardResult]:
         """Queue ``task`` (its loader is left out: the workers have theirs)."""
@@ -255,6 +270,11 @@ class BuildPool:
         worker: it takes no other task until the builder tells it to stop)."""
         future: Future[None] = self._executor.submit(_serve_pooled, device, address, authkey)
         return future
+
+    def stop(self) -> None:
+        """Let the workers exit once every task is done, and return at once (:meth:`close`
+        then waits for them)."""
+        self._executor.shutdown(wait=False)
 
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Let the workers finish and exit (after every task is done); ``wait`` for them.

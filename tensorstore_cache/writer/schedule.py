@@ -2,9 +2,10 @@
 
 With no executor, ``workers`` processes work: this one and a
 :class:`~.pool.BuildPool` of ``workers - 1``, which receives the loader once
-per worker rather than in every task; the building process takes tasks too,
-from the other end of the queue, so no core idles while the pool's
-interpreters start.
+per worker rather than in every task; the building process takes tasks
+too, from the other end of the queue (where a batched build's first
+batches, computed to learn the shape, are), so no core idles while the
+pool's interpreters start.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..errors import BuildError
 from .pool import BuildPool
 from .tasks import ShardResult, ShardTask, run_shard
 
-__all__ = ["run_tasks"]
+__all__ = ["daemonic", "run_tasks"]
 
 logger = logging.getLogger("tensorstore_cache")
 
@@ -36,6 +37,12 @@ class _NoBar:
         """Nothing to close."""
 
 
+def daemonic() -> bool:
+    """Whether this is a daemonic process (a DataLoader or multiprocessing pool worker),
+    which cannot start worker processes."""
+    return bool(multiprocessing.current_process().daemon)
+
+
 def run_tasks(
     tasks: list[ShardTask],
     *,
@@ -45,14 +52,20 @@ def run_tasks(
     target: Path,
     n: int,
     label: str | None = None,
+    pool: BuildPool | None = None,
+    local_first: Callable[[], None] | None = None,
 ) -> dict[str, ShardResult]:
     """Run every task and return the results by shard path.
 
     With no ``executor``, ``workers`` processes work: this one and a
-    :class:`~.pool.BuildPool` of ``workers - 1``. A given ``executor``
-    runs every task itself. ``progress`` shows a bar of the ``n`` items of
-    the build of ``target``, described by ``label`` (default ``building
-    <target's name>``).
+    :class:`~.pool.BuildPool` of ``workers - 1`` (``pool``, started
+    already for the build and closed by whoever started it, or one started
+    here). A given ``executor`` runs every task itself. ``progress`` shows
+    a bar of the ``n`` items of the build of ``target``, described by
+    ``label`` (default ``building <target's name>``). ``local_first`` runs
+    here before anything else but the pool's first tasks (at most ``2 *
+    pool.size`` from the front of the queue, sent first), or before any task
+    without a pool.
     """
     bar: Any = _NoBar()
     if progress:  # imported only for a bar: at module level it adds ~0.1 s to every import
@@ -67,32 +80,40 @@ def run_tasks(
             def submit(task: ShardTask) -> Future[ShardResult]:
                 return given.submit(run_shard, task)
 
+            if local_first is not None:
+                local_first()
             return _collect(submit, tasks, bar, pool_size=len(tasks), local=False,
                             broken=_broken_executor)
-        if workers > 1 and len(tasks) > 1 and multiprocessing.current_process().daemon:
+        if workers > 1 and len(tasks) > 1 and daemonic():
             logger.warning(
                 "tensorstore_cache: building %s in this process (workers=1): a daemonic process "
                 "(a DataLoader or multiprocessing pool worker) cannot start worker processes",
                 target.name,
             )
             workers = 1
+        if local_first is not None and (pool is None or workers == 1 or len(tasks) <= 1):
+            local_first()
+            local_first = None
         if workers == 1 or len(tasks) <= 1:
             results: dict[str, ShardResult] = {}
             for task in tasks:
                 results[task.rel] = run_shard(task)
                 bar.update(len(task.keys))
             return results
+        if pool is not None:  # its owner closes it, or kills it if this fails
+            return _collect(pool.submit, tasks, bar, pool_size=pool.size, local=True,
+                            broken=pool.explain, first=local_first)
         size = min(workers - 1, len(tasks) - 1)
         loader = tasks[0].loader
         assert loader is not None
-        pool = BuildPool(size, loader, Path(tasks[0].root))
+        own = BuildPool(size, loader, Path(tasks[0].root))
         try:
-            results = _collect(pool.submit, tasks, bar, pool_size=size, local=True,
-                               broken=pool.explain)
+            results = _collect(own.submit, tasks, bar, pool_size=size, local=True,
+                               broken=own.explain)
         except BaseException:
-            pool.abort()
+            own.abort()
             raise
-        pool.close()
+        own.close()
         return results
     finally:
         bar.close()
@@ -116,10 +137,12 @@ def _collect(
     pool_size: int,
     local: bool,
     broken: Callable[[BaseException, list[ShardTask]], BaseException],
+    first: Callable[[], None] | None = None,
 ) -> dict[str, ShardResult]:
     """Feed the pool from the front of the queue; with ``local``, work from its back.
 
-    ``submit`` hands a task to the pool; ``broken`` turns the
+    ``first`` runs once the pool has its first tasks, before anything else
+    here. ``submit`` hands a task to the pool; ``broken`` turns the
     :class:`~concurrent.futures.BrokenExecutor` of a pool that broke (a
     worker died, or could not start) into the error to raise, given the
     unfinished tasks.
@@ -151,6 +174,8 @@ def _collect(
 
     try:
         refill()
+        if first is not None:
+            first()
         while pending or inflight:
             if local and pending:
                 task = pending.pop()

@@ -228,7 +228,7 @@ def test_dataloader_workers_share_one_copy(big: tsc.CacheStore, context: str, co
     store_bytes = n * big.spec.item_nbytes
     # Each worker touched half of the store (61 MB): a private copy would grow the two by
     # 123 MB. What grows without one (the batches' tensors, allocator caches) was 5.5-15.7 MB
-    # over ten runs on 2 cores, so the bound is a quarter of the store, not an eighth.
+    # in seven runs on 2 cores, so the bound is a quarter of the store, not an eighth.
     assert uss_growth < store_bytes / 4, (uss_growth, anon_growth, store_bytes)
     assert anon_growth < store_bytes / 4, (uss_growth, anon_growth, store_bytes)
     for k in (0, 4321, n - 1):

@@ -72,6 +72,10 @@ class Prepare:
         self.slow_in = slow_in
         self.delay_s = delay_s
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # unpickled in a CPU worker when it starts
+        log(self.where, f"started {os.getpid()}")
+
     def __call__(self, key: str) -> str:
         log(self.where, f"prepare {os.getpid()} {key}")
         if os.getpid() == self.slow_in:
@@ -129,19 +133,36 @@ class LoggedCoverEmbed(CoverEmbed):
         return super().__call__(items)
 
 
+class _LogsWhenCollected:
+    """Logs ``collected <pid>`` when it is collected: at the interpreter's teardown at last."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __del__(self) -> None:
+        log(self.where, f"collected {os.getpid()}")
+
+
 class Leaves(Embed):
-    """Writes to a file it opened in ``setup`` and never flushes or closes, registers an
-    ``atexit`` handler there, and logs the ``OMP_WAIT_POLICY`` it was started with."""
+    """Writes to a text file and to a gzip file over an open file, opened in ``setup`` and
+    never flushed nor closed, registers an ``atexit`` handler there, keeps an object that logs
+    when it is collected, and logs the ``OMP_WAIT_POLICY`` it was started with."""
 
     def setup(self, device: str) -> None:
         import atexit
+        import gzip
 
         super().setup(device)
         log(self.where, f"omp {os.environ.get('OMP_WAIT_POLICY', '-')}")
         self.kept = open(Path(self.where) / "kept.txt", "w", encoding="utf-8")  # noqa: SIM115
         self.kept.write(f"setup {os.getpid()}\n")
+        raw = open(Path(self.where) / "kept.gz", "wb")  # noqa: SIM115
+        self.zipped = gzip.GzipFile(fileobj=raw, mode="wb")  # closing it leaves raw open
+        self.raw = raw
+        self.collected = _LogsWhenCollected(self.where)
         atexit.register(log, self.where, f"atexit {os.getpid()}")
 
     def __call__(self, items: list[Any]) -> Any:
         self.kept.write(f"batch {len(items)}\n")
+        self.zipped.write(f"batch {len(items)}\n".encode())
         return super().__call__(items)

@@ -8,6 +8,7 @@ each ran.
 
 from __future__ import annotations
 
+import gzip
 import multiprocessing
 import os
 import subprocess
@@ -300,7 +301,11 @@ def test_a_device_worker_ends_with_its_atexit_handlers_run_and_its_files_flushed
     lines = (Path(where) / "kept.txt").read_text().splitlines()
     assert lines[0] == f"setup {pid}"
     assert sum(int(line.split()[1]) for line in lines[1:]) == len(keys)
+    # the gzip file closed before the file under it: a whole gzip stream
+    zipped = gzip.decompress((Path(where) / "kept.gz").read_bytes()).decode().splitlines()
+    assert zipped == lines[1:]
     assert events(where, "atexit") == [[pid]]
+    assert events(where, "collected") == []  # the teardown, which collects it, was skipped
     with pytest.raises(ProcessLookupError):  # exited and reaped before the build returned
         os.kill(int(pid), 0)
 
@@ -333,6 +338,12 @@ def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(
                                       np.stack([value_of(k + "!") for k in keys]))
         pids = {int(pid) for pid, key in events(where, "prepare") if key.startswith(name)}
         assert (pids == {main}) if name == "one" else (pids - {main} != set())
+        if name == "many":  # its CPU worker started before the first batch was computed
+            log = (Path(where) / "log").read_text().splitlines()
+            build = log[next(i for i, line in enumerate(log) if line.startswith("prepare ")
+                             and line.split()[2].startswith(name)):]
+            assert build.index(next(x for x in build if x.startswith("started "))) \
+                < build.index(next(x for x in build if x.startswith("batch ")))
         # every key prepared once and given to the model once, the batches queued behind
         # the first one (while the shape was learned) included
         assert Counter(k for _p, k in events(where, "prepare") if k.startswith(name)) \

@@ -10,6 +10,7 @@ worker) does, and its rows are stored as they came.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import shutil
@@ -96,7 +97,8 @@ def device_workers(
     env = {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "PASSIVE"}
     pools: list[BuildPool] = []
     try:
-        pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status", env=env)
+        pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status", env=env,
+                         devices=True)
         pools.append(pool)
         futures = [pool.serve(device, address, authkey)
                    for device, address in zip(devices, addresses, strict=True)]
@@ -110,19 +112,19 @@ def device_workers(
         stage.stop()
         for future in futures:
             future.result()
+        # the CPU workers and the device workers exit side by side; a device's memory is
+        # free again before the build returns (another build may need it)
+        for each in pools:
+            each.stop()
+        for each in pools[1:]:
+            each.close()
+        pool.close(timeout=DEVICE_EXIT_S)
     except BaseException:
         stage.close()
         for each in pools:
             each.abort()
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    # the CPU workers and the device workers exit side by side; a device's memory is free
-    # again before the build returns (another build may need it)
-    for each in pools:
-        each.stop()
-    for each in pools[1:]:
-        each.close()
-    pool.close(timeout=DEVICE_EXIT_S)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -137,9 +139,10 @@ def devices_for(
     if not isinstance(fn, BatchLoader) or not keys:
         yield None, None
         return
-    # the CPU workers a build of more than one shard starts (see run_tasks)
-    several = len(keys) > max(config.MIN_SHARD_ROWS, options.batch_size)
-    cpu = workers - 1 if several and options.executor is None and not daemonic() else 0
+    # the CPU workers of a build of several shards (see run_tasks): one fewer than its shards
+    # at most, counting shards of the fewest rows a batched build's shard has
+    shards = math.ceil(len(keys) / max(config.MIN_SHARD_ROWS, options.batch_size))
+    cpu = min(workers, shards) - 1 if options.executor is None and not daemonic() else 0
     with device_workers(fn, options.devices, options.prepare, options.batch_size,
                         cpu) as started:
         yield started

@@ -159,7 +159,7 @@ class BatchRun:
     def _send(self, rows: list[int], items: list[Any]) -> None:
         if self.max_bytes is not None:  # the first batch tells what a batch weighs
             per_batch = max(1, sum(_nbytes(item) for item in items))
-            self.depth = max(1, min(self.depth, self.max_bytes // per_batch - 1))
+            self.depth = max(0, min(self.depth, self.max_bytes // per_batch - 1))
             self.max_bytes = None
         self.stage.send(self.device, items)
         self._queued.append((rows, items))
@@ -183,10 +183,19 @@ class BatchRun:
                 self.out[i] = Failure(f"{type(exc).__name__}: {exc}", "")
 
 
-def _nbytes(item: Any) -> int:
-    """About how many bytes a prepared item holds (an array's, else the object's size)."""
+def _nbytes(item: Any, depth: int = 0) -> int:
+    """About how many bytes a prepared item holds: an array's (NumPy, torch), an image's
+    pixels (PIL), the sum of a dict's, list's or tuple's items, else the object's size."""
     nbytes = getattr(item, "nbytes", None)
-    return nbytes if isinstance(nbytes, int) else sys.getsizeof(item)
+    if isinstance(nbytes, int):
+        return nbytes
+    if depth < 4 and isinstance(item, (dict, list, tuple)):
+        values = item.values() if isinstance(item, dict) else item
+        return sys.getsizeof(item) + sum(_nbytes(v, depth + 1) for v in values)
+    bands = getattr(item, "getbands", None)
+    if callable(bands) and isinstance(getattr(item, "width", None), int):
+        return int(item.width) * int(item.height) * len(bands())
+    return sys.getsizeof(item)
 
 
 def compute_rows(

@@ -20,24 +20,25 @@ does not wait for ``prepare``.
 
 A device worker that served its build to the end skips the interpreter's
 final teardown, which for a framework such as torch takes about a second
-that the build would wait for: every ``atexit`` handler still runs (the
-loader's and its framework's), the file objects left open are closed (as
-the teardown would), and then the process exits at once (:func:`os._exit`).
-One that failed exits as usual.
+that the build would wait for (:func:`exit_quickly`): the ``atexit``
+handlers still run (the loader's, its framework's, logging's), the file
+objects left open are closed (as the teardown would), and then the process
+exits at once. One that failed exits as usual.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import io
+import logging
 import os
 import queue
 import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from typing import Any
 from ..errors import BuildError
 from ..loaders import BatchLoader
 
-__all__ = ["DeviceStage", "serve", "wait_listening"]
+__all__ = ["DeviceStage", "exit_quickly", "serve", "wait_listening"]
 
 #: How long the builder waits for its device workers to listen (seconds).
 START_TIMEOUT_S = 600.0
@@ -200,38 +201,62 @@ def _frames(exc: BaseException) -> str:
     return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()
 
 
-def _exit_now_if(served: list[bool]) -> None:
-    """At exit, after every other ``atexit`` handler (registered first, it runs last): once
-    the worker has ``served`` its build, close its open files as the teardown would (a
-    file object left open is closed when it is collected), then exit without the teardown."""
-    if not served:
-        return  # it failed or was stopped midway: the usual exit
+#: Set in a device worker once it has served its build to the end (see :func:`exit_quickly`).
+_served: list[bool] = []
+
+
+def _inner(obj: Any) -> list[Any]:
+    """What a file object holds (a wrapper's wrapped file among them)."""
+    held = gc.get_referents(obj)
+    return held + [v for d in held if isinstance(d, dict) for v in d.values()]
+
+
+def exit_quickly() -> None:
+    """At exit, once this device worker has served its build: finish what the teardown would,
+    then exit without it.
+
+    Registered with :mod:`atexit` before the worker unpickles its loader, so
+    that it runs after every handler registered since (the loader's, its
+    framework's); it runs those registered before it that matter itself
+    (logging's, :class:`weakref.finalize`'s), then closes the file objects
+    left open, each wrapper before the file it wraps (a ``GzipFile`` before
+    its file, text before its buffer), as collecting them would, and exits
+    with status 0 (:func:`os._exit`). A worker that failed exits as usual.
+    """
+    if not _served:
+        return
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    with contextlib.suppress(Exception):
+        weakref.finalize._exitfunc()  # type: ignore[attr-defined]
+    # by type, never an object's own attributes (some warn when looked at): io's classes,
+    # and every file class built on them, derive from its C base
+    base = io.IOBase.__mro__[1]
     objects = gc.get_objects()
-    # by type, never touching an object's own attributes (some warn when looked at); the
-    # classes of io, and every file class built on them, derive from its C bases
-    text, buffered, base = (io.TextIOBase.__mro__[1], io.BufferedIOBase.__mro__[1],
-                            io.IOBase.__mro__[1])
-    kinds = {type(obj) for obj in objects}
-    rank = {kind: 0 if text in kind.__mro__ else 1 if buffered in kind.__mro__ else 2
-            for kind in kinds if base in kind.__mro__}
-    # text before the buffer it writes to, before the raw file under it
-    files = sorted((obj for obj in objects if type(obj) in rank), key=lambda f: rank[type(f)])
+    kinds = {kind for kind in {type(obj) for obj in objects} if base in kind.__mro__}
+    files = {id(obj): obj for obj in objects if type(obj) in kinds}
     std = [s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None]
     keep = {id(s) for s in std} | {id(getattr(s, "buffer", None)) for s in std}
     keep |= {id(getattr(getattr(s, "buffer", None), "raw", None)) for s in std}
-    for done in ("flush", "close"):
-        for obj in files:
+    wraps = {i: {id(x) for x in _inner(f) if id(x) in files and id(x) != i}
+             for i, f in files.items()}
+    left = set(files)
+    while left:  # the outermost first: no file left wraps them
+        wrapped = {j for i in left for j in wraps[i]}
+        outer = [i for i in left if i not in wrapped] or list(left)  # a cycle: any order
+        for i in outer:
+            left.discard(i)
             with contextlib.suppress(Exception):
-                if not obj.closed and (done == "flush" or id(obj) not in keep):
-                    getattr(obj, done)()
+                if not files[i].closed:
+                    files[i].flush()
+                    if i not in keep:
+                        files[i].close()
     os._exit(0)
 
 
 def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
     """In a device worker: set the loader up on ``device``, then compute the batches sent to
     ``address`` until a connection sends ``None``."""
-    served: list[bool] = []
-    atexit.register(_exit_now_if, served)  # before setup: the loader's handlers run first
     # authenticated in each connection's own thread, not in accept(): a client
     # that connects and then stalls must not keep every other one waiting
     listener = Listener(address, family="AF_UNIX")
@@ -290,7 +315,7 @@ def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
                                f"({type(exc).__name__}: {exc}); return arrays or a dict of "
                                "arrays", ""))
         if failed is None:
-            served.append(True)
+            _served.append(True)
     finally:
         listener.close()
 

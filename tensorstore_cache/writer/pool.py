@@ -26,6 +26,7 @@ interrupted.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -107,10 +108,15 @@ def _exit_with_parent(builder: int) -> None:
     threading.Thread(target=watch, name="tsc-exit-with-parent", daemon=True).start()
 
 
-def _bootstrap(payload: bytes, status_dir: str, builder: int) -> None:
-    """The pool's initializer: run once in every worker before its first task."""
+def _bootstrap(payload: bytes, status_dir: str, builder: int, quick_exit: bool = False) -> None:
+    """The pool's initializer: run once in every worker before its first task (``quick_exit``:
+    a device worker's, which exits without the teardown once it served its build)."""
     global _loader, _start_error, _status_fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if quick_exit:  # before the loader is unpickled: the handlers it registers run first
+        from .devices import exit_quickly
+
+        atexit.register(exit_quickly)
     _exit_with_parent(builder)
     with contextlib.suppress(OSError):
         _status_fd = os.open(
@@ -236,11 +242,15 @@ class BuildPool:
     start
         Start the workers now, rather than at the first task (their interpreters
         start while this process goes on).
+    devices
+        The workers are device workers (:meth:`serve`): once one has served its
+        build, it exits without the interpreter's teardown
+        (:func:`~.devices.exit_quickly`).
     """
 
     def __init__(
         self, size: int, loader: object, build_dir: Path, *, status_dir: Path | None = None,
-        env: Mapping[str, str] | None = None, start: bool = False,
+        env: Mapping[str, str] | None = None, start: bool = False, devices: bool = False,
     ) -> None:
         from loky import ProcessPoolExecutor
 
@@ -252,11 +262,11 @@ class BuildPool:
         self._context = _started_processes_context()
         self._executor = ProcessPoolExecutor(
             max_workers=size, context=self._context, initializer=_bootstrap,
-            initargs=(payload, str(status_dir), os.getpid()),
+            initargs=(payload, str(status_dir), os.getpid(), devices),
             env={**(env or {}), **worker_environment()},
         )
-        if start:  # the first task starts every worker; a worker that cannot start
-            self._executor.submit(_started)  # fails the build's first real task
+        if start:  # the first task starts every worker (a worker that cannot load the
+            self._executor.submit(_started)  # loader fails the tasks it takes)
 
     def submit(self, task: ShardTask) -> Future[ShardResult]:
         """Queue ``task`` (its loader is left out: the workers have theirs)."""

@@ -85,6 +85,22 @@ class Prepare:
         return key + "!"
 
 
+class AfterCpuWorker(Embed):
+    """Sets up only once a CPU worker has started (a ``started`` line beyond the ``seen``
+    ones of earlier builds; at most ``wait_s``): a batch before that is impossible if the CPU
+    workers start beside the device worker, and comes first if they start only after it."""
+
+    def __init__(self, where: str, seen: int, wait_s: float = 60.0) -> None:
+        super().__init__(where)
+        self.seen, self.wait_s = seen, wait_s
+
+    def setup(self, device: str) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while len(events(self.where, "started")) <= self.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        super().setup(device)
+
+
 class ShortBatches(Embed):
     """Returns one row too few for a batch holding ``k5``."""
 

@@ -23,6 +23,7 @@ import pytest
 import tensorstore_cache as tsc
 
 from ._batch_loaders import (
+    AfterCpuWorker,
     Embed,
     FailingSetup,
     Leaves,
@@ -330,7 +331,9 @@ def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(
     # shards the pool takes first: taken before); ten (taken once the pool has its first)
     for name, n in (("one", 60), ("few", 150), ("many", 600)):
         keys = [f"{name}{i}" for i in range(n)]
-        store = tsc.build_store(keys, tmp_path / f"{name}.tsc", loader=Embed(where),
+        loader = AfterCpuWorker(where, len(events(where, "started")), wait_s=20) \
+            if name == "many" else Embed(where)
+        store = tsc.build_store(keys, tmp_path / f"{name}.tsc", loader=loader,
                                 loader_id="t/1", identity="none",
                                 prepare=Prepare(where, slow_in=main), batch_size=8,
                                 workers=2, progress=False)
@@ -339,6 +342,7 @@ def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(
         pids = {int(pid) for pid, key in events(where, "prepare") if key.startswith(name)}
         assert (pids == {main}) if name == "one" else (pids - {main} != set())
         if name == "many":  # its CPU worker started before the first batch was computed
+            # (its device worker waits for that, 20 s at most: more if it started only after)
             log = (Path(where) / "log").read_text().splitlines()
             build = log[next(i for i, line in enumerate(log) if line.startswith("prepare ")
                              and line.split()[2].startswith(name)):]

@@ -148,8 +148,8 @@ class BatchRun:
     def finish(self) -> list[Row]:
         """Take every answer still due, send the keys of failed batches again one by one;
         the rows of the keys sent."""
-        while self._queued:
-            self._finish(*self._queued.pop(0))
+        while self.take():
+            pass
         for i, item in self._retry:  # key by key, so that each failure is named
             self.stage.send(self.device, [item])
             self._finish([i], [item])

@@ -240,16 +240,16 @@ def _workers(options: BuildOptions) -> int:
 
 
 def _plan(
-    keys: list[str], options: BuildOptions, label: str, stage: DeviceStage | None = None
-) -> tuple[StoreSpec, int, Probed | None, Pending | None]:
-    """Return the spec of the store of ``keys``, the worker count and the items computed to
+    keys: list[str], options: BuildOptions, label: str, nworkers: int,
+    stage: DeviceStage | None = None,
+) -> tuple[StoreSpec, Probed | None, Pending | None]:
+    """Return the spec of the store of ``keys`` built by ``nworkers`` and the items computed to
     learn the item shape (if any): the first item the loader succeeds on, or with the
     ``stage`` of a batch loader (which is never called here) the first batch it succeeds on,
     and the batches queued behind it, still being computed (see :class:`~.batched.Pending`)."""
     np_dtype = np.dtype(options.dtype)
     info = options.loader
     n = len(keys)
-    nworkers = _workers(options)
     item_shape = info.item_shape
     schema = options.schema
     probed, pending = None, None
@@ -275,7 +275,7 @@ def _plan(
         spec = record_spec(n, schema, loader_id=info.loader_id, params=info.params,
                            workers=nworkers, shard_bytes=options.shard_bytes,
                            batch=options.batch_size if stage is not None else 1)
-        return dataclasses.replace(spec, identity=options.identity), nworkers, probed, pending
+        return dataclasses.replace(spec, identity=options.identity), probed, pending
     assert item_shape is not None
     item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
     spec = StoreSpec(
@@ -289,7 +289,7 @@ def _plan(
         created_unix=time.time(),
         identity=options.identity,
     )
-    return spec, nworkers, probed, pending
+    return spec, probed, pending
 
 
 def build(
@@ -327,8 +327,9 @@ def build(
                 f"{str(target)!r} already exists; pass overwrite=True to replace it, or open it "
                 "with tensorstore_cache.open_store"
             )
-        with devices_for(options, keys, _workers(options)) as (stage, pool):
-            spec, nworkers, probed, pending = _plan(keys, options, str(target), stage)
+        nworkers = _workers(options)
+        with devices_for(options, keys, nworkers) as (stage, pool):
+            spec, probed, pending = _plan(keys, options, str(target), nworkers, stage)
             target.parent.mkdir(parents=True, exist_ok=True)
             collect_debris(target)
             tmp = temp_dir(target)
@@ -385,8 +386,9 @@ def build_to_url(
     options_dict = dict(storage_options) if storage_options is not None else None
     upload = url if shared_between_processes(url, storage_options) else None
     try:
-        with building(local), devices_for(options, keys, _workers(options)) as (stage, pool):
-            spec, nworkers, probed, pending = _plan(keys, options, url, stage)
+        nworkers = _workers(options)
+        with building(local), devices_for(options, keys, nworkers) as (stage, pool):
+            spec, probed, pending = _plan(keys, options, url, nworkers, stage)
             make_dir(local, options.trust, exist_ok=False)
             if options.overwrite:
                 withdraw_store(url, storage_options=storage_options)

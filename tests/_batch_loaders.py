@@ -159,17 +159,39 @@ class _LogsWhenCollected:
         log(self.where, f"collected {os.getpid()}")
 
 
+#: Bytes of the block :func:`faults_of_large_blocks` allocates: above the 32 MiB up to which
+#: glibc's default threshold adapts, so that its defaults map it and unmap it every time.
+LARGE_BLOCK = 64 << 20
+
+
+def faults_of_large_blocks(times: int = 8) -> int:
+    """The page faults of allocating, filling and freeing a :data:`LARGE_BLOCK` ``times``,
+    after doing it once: at least one a time if the block is unmapped when freed (whatever
+    the page size), about none if it is kept for reuse."""
+    import resource
+
+    np.ones(LARGE_BLOCK // 8)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(times):
+        block = np.ones(LARGE_BLOCK // 8)
+        del block
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
 class Leaves(Embed):
     """Writes to a text file and to a gzip file over an open file, opened in ``setup`` and
     never flushed nor closed, registers an ``atexit`` handler there, keeps an object that logs
-    when it is collected, and logs the ``OMP_WAIT_POLICY`` it was started with."""
+    when it is collected, and logs the environment it was started with (OpenMP's, glibc
+    malloc's) and the page faults of allocating a large block again and again."""
 
     def setup(self, device: str) -> None:
         import atexit
         import gzip
 
         super().setup(device)
-        log(self.where, f"omp {os.environ.get('OMP_WAIT_POLICY', '-')}")
+        env = ("OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+        log(self.where, "env " + " ".join(os.environ.get(name, "-") for name in env))
+        log(self.where, f"faults {faults_of_large_blocks()}")
         self.kept = open(Path(self.where) / "kept.txt", "w", encoding="utf-8")  # noqa: SIM115
         self.kept.write(f"setup {os.getpid()}\n")
         raw = open(Path(self.where) / "kept.gz", "wb")  # noqa: SIM115

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import multiprocessing
 import os
+import platform
 import subprocess
 import sys
 from collections import Counter
@@ -32,6 +33,7 @@ from ._batch_loaders import (
     Records,
     ShortBatches,
     events,
+    faults_of_large_blocks,
     value_of,
 )
 from .conftest import write_images
@@ -311,16 +313,25 @@ def test_a_device_worker_ends_with_its_atexit_handlers_run_and_its_files_flushed
         os.kill(int(pid), 0)
 
 
-def test_device_workers_wait_passively_unless_told_otherwise(
+def test_device_workers_wait_passively_and_keep_memory_unless_told_otherwise(
     tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    for name in ("OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
     tsc.build_store(_keys(10), tmp_path / "s.tsc", loader=Leaves(where), loader_id="t/1",
                     identity="none", batch_size=4, workers=1, progress=False)
+    # the user's settings win; one of glibc's two is enough to leave both alone
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     tsc.build_store(_keys(10), tmp_path / "t.tsc", loader=Leaves(where), loader_id="t/1",
                     identity="none", batch_size=4, workers=1, progress=False)
-    assert events(where, "omp") == [["PASSIVE"], ["ACTIVE"]]
+    gib = str(1 << 30)
+    assert events(where, "env") == [["PASSIVE", gib, gib], ["ACTIVE", "-", "131072"]]
+    if platform.libc_ver()[0] == "glibc":
+        # with the device worker's settings, a large block freed is reused, not unmapped
+        # and faulted in again the next time (as in this process, with glibc's defaults)
+        kept, mine = int(events(where, "faults")[0][0]), faults_of_large_blocks(times=8)
+        assert kept < 8 <= mine, (kept, mine)
 
 
 def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -324,6 +325,10 @@ def test_embed_runs_every_method_and_checks_its_embeddings(tmp_path: Path) -> No
     report = json.loads((results / "embed.json").read_text())
     assert (results / "embed.md").read_text().strip() in proc.stdout
     assert report["limit"]["status"] == "ok" and report["limit"]["limit_s"] > 0
+    # the forward pass timed again as a device worker runs it, reported beside the limit
+    assert report["limit"]["forward_device_env_s"] > 0
+    assert "OMP_WAIT_POLICY" in report["limit"]["device_env"] or "OMP_WAIT_POLICY" in os.environ
+    assert "in a device worker's environment" in proc.stdout
     assert set(report["methods"]) == {"tensorstore_cache", "hf_datasets", "per_item"}
     for name, method in report["methods"].items():
         assert method["status"] == "ok", (name, method)

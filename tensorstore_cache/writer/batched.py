@@ -32,13 +32,13 @@ from .records import Schema, check_record, infer_schema, is_record
 from .schedule import daemonic
 from .tasks import ShardTask, check_item, source_identity
 
-__all__ = ["Pending", "device_workers", "devices_for", "first_batch", "per_key"]
+__all__ = ["Pending", "device_environment", "device_workers", "devices_for", "first_batch", "per_key"]
 
 #: Seconds a device worker may take to exit after its last batch before it is killed.
 DEVICE_EXIT_S = 60.0
 #: Batches the building process prepares and queues at most while it waits for the first
 #: answer of a device worker (which may be importing its framework and loading its model).
-FIRST_BATCHES = 8
+FIRST_BATCHES = 32
 #: Bytes of prepared items it queues at most meanwhile (fewer batches of large items).
 FIRST_BYTES = 256 << 20
 
@@ -68,6 +68,31 @@ class Options(Protocol):
     def executor(self) -> Executor | None: ...
 
 
+#: glibc's allocator in a device worker: blocks up to this size come from the heap and this
+#: much free memory stays at its top, rather than a model's activations being mapped,
+#: faulted in and unmapped again at every batch.
+DEVICE_MALLOC_BYTES = 1 << 30
+
+
+def device_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a device worker is started with, beside ``environ``'s: none that
+    ``environ`` sets.
+
+    ``OMP_WAIT_POLICY=PASSIVE``: the worker's OpenMP threads sleep rather than
+    spin while they wait, leaving the cores to the CPU workers that prepare. And
+    glibc's ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` at
+    :data:`DEVICE_MALLOC_BYTES` (both, or neither if either is set: one alone
+    turns off glibc's adaptive threshold and makes things worse); other C
+    libraries ignore them. The worker keeps the memory it freed for its next
+    batch: it lives as long as the build.
+    """
+    env = {} if "OMP_WAIT_POLICY" in environ else {"OMP_WAIT_POLICY": "PASSIVE"}
+    malloc = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    if not any(name in environ for name in malloc):
+        env.update(dict.fromkeys(malloc, str(DEVICE_MALLOC_BYTES)))
+    return env
+
+
 @contextlib.contextmanager
 def device_workers(
     loader: BatchLoader, devices: tuple[str, ...], prepare: Callable[[str], Any] | None,
@@ -79,10 +104,8 @@ def device_workers(
     Returns at once: this process's first connection waits until every
     worker listens (its ``setup`` may still run then: batches wait for it).
     The CPU workers start now too, so that they are ready when the first
-    batch has given the shape and the shards are planned. A device worker's
-    OpenMP threads sleep rather than spin while they wait (``OMP_WAIT_POLICY=PASSIVE``,
-    unless this process's environment sets it): spinning threads would take the
-    cores the CPU workers prepare on.
+    batch has given the shape and the shards are planned. Device workers are
+    started with :func:`device_environment`.
 
     Raises
     ------
@@ -94,7 +117,7 @@ def device_workers(
     addresses = tuple(str(scratch / f"{d}.sock") for d in range(len(devices)))
     authkey = secrets.token_bytes(32)
     stage = DeviceStage(prepare, batch_size, devices, addresses, authkey)
-    env = {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = device_environment(os.environ)
     pools: list[BuildPool] = []
     try:
         pool = BuildPool(len(devices), loader, scratch, status_dir=scratch / "status", env=env,

@@ -84,6 +84,9 @@ class CountingS3:
         }
 
     def reset(self) -> None:
+        """Forget every request served so far, once those being served are logged (a client
+        may have its whole answer before the server has finished the request)."""
+        self.settle()
         with self._lock:
             self.log.clear()
 

@@ -170,27 +170,27 @@ def faults_of_large_blocks(times: int = 8) -> int:
     the page size), about none if it is kept for reuse."""
     import resource
 
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)  # this thread's alone
     np.ones(LARGE_BLOCK // 8)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = resource.getrusage(who).ru_minflt
     for _ in range(times):
         block = np.ones(LARGE_BLOCK // 8)
         del block
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return resource.getrusage(who).ru_minflt - before
 
 
 class Leaves(Embed):
     """Writes to a text file and to a gzip file over an open file, opened in ``setup`` and
     never flushed nor closed, registers an ``atexit`` handler there, keeps an object that logs
-    when it is collected, and logs the environment it was started with (OpenMP's, glibc
-    malloc's) and the page faults of allocating a large block again and again."""
+    when it is collected, and logs the ``OMP_WAIT_POLICY`` it was started with and the page
+    faults of allocating a large block again and again."""
 
     def setup(self, device: str) -> None:
         import atexit
         import gzip
 
         super().setup(device)
-        env = ("OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-        log(self.where, "env " + " ".join(os.environ.get(name, "-") for name in env))
+        log(self.where, f"omp {os.environ.get('OMP_WAIT_POLICY', '-')}")
         log(self.where, f"faults {faults_of_large_blocks()}")
         self.kept = open(Path(self.where) / "kept.txt", "w", encoding="utf-8")  # noqa: SIM115
         self.kept.write(f"setup {os.getpid()}\n")

@@ -68,29 +68,25 @@ class Options(Protocol):
     def executor(self) -> Executor | None: ...
 
 
-#: glibc's allocator in a device worker: blocks up to this size come from the heap and this
-#: much free memory stays at its top, rather than a model's activations being mapped,
-#: faulted in and unmapped again at every batch.
-DEVICE_MALLOC_BYTES = 1 << 30
-
-
 def device_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables a device worker is started with, beside ``environ``'s: none that
-    ``environ`` sets.
+    """The variables a device worker is started with besides ``environ``'s.
 
-    ``OMP_WAIT_POLICY=PASSIVE``: the worker's OpenMP threads sleep rather than
-    spin while they wait, leaving the cores to the CPU workers that prepare. And
-    glibc's ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` at
-    :data:`DEVICE_MALLOC_BYTES` (both, or neither if either is set: one alone
-    turns off glibc's adaptive threshold and makes things worse); other C
-    libraries ignore them. The worker keeps the memory it freed for its next
-    batch: it lives as long as the build.
+    ``OMP_WAIT_POLICY=PASSIVE`` unless ``environ`` sets it: the worker's
+    OpenMP threads (torch's on ``"cpu"``) sleep rather than spin while they
+    wait, leaving the cores to the CPU workers that prepare. (The worker's
+    allocator is set up in the worker: :func:`~.devices.keep_freed_memory`.)
+
+    Parameters
+    ----------
+    environ
+        The building process's environment.
+
+    Returns
+    -------
+    dict
+        Variable -> value, none of them set in ``environ``.
     """
-    env = {} if "OMP_WAIT_POLICY" in environ else {"OMP_WAIT_POLICY": "PASSIVE"}
-    malloc = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-    if not any(name in environ for name in malloc):
-        env.update(dict.fromkeys(malloc, str(DEVICE_MALLOC_BYTES)))
-    return env
+    return {} if "OMP_WAIT_POLICY" in environ else {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 @contextlib.contextmanager
@@ -240,8 +236,8 @@ def first_batch(
     would make of them): their rows belong to the
     last shards, which this process builds first while the pool's workers
     take the first ones. The items are prepared here, up to the whole chunk
-    ahead while the first answer is awaited; the loader runs on the first
-    device worker."""
+    ahead while the first answer is awaited, each key's source identity taken
+    just before; the loader runs on the first device worker."""
     infer = _Inferred(np.dtype(options.dtype), options.names)
     computed: dict[int, tuple[Any, tuple[int, int, int]]] = {}
     batch = stage.batch_size
@@ -254,12 +250,17 @@ def first_batch(
                           hash_sources=options.hash_sources, identity=options.identity,
                           tokens=None if options.tokens is None or options.identity != "token"
                           else [options.tokens[k] for k in chunk])
-        identities = [source_identity(probe, i, key) for i, key in enumerate(chunk)]
+        identities: list[tuple[int, int, int]] = []  # of the keys sent: taken as each is
+
+        def identify(i: int, probe: ShardTask = probe, chunk: list[str] = chunk,
+                     identities: list[tuple[int, int, int]] = identities) -> None:
+            identities.append(source_identity(probe, i, chunk[i]))
+
         # while the device worker starts (imports, setup), batches are prepared and queued
         run = BatchRun(stage, chunk, 0, infer, options.names, depth=FIRST_BATCHES,
                        max_bytes=FIRST_BYTES)
         known = infer.known
-        run.send(enough=known)
+        run.send(enough=known, before=identify)
         while not known() and run.take():  # the answers one by one, up to the first success
             pass
         if known():

@@ -114,9 +114,12 @@ class BatchRun:
         self._queued: list[tuple[list[int], list[Any]]] = []  # batches sent, oldest first
         self._retry: list[tuple[int, Any]] = []
 
-    def send(self, enough: Callable[[], bool] | None = None) -> int:
+    def send(self, enough: Callable[[], bool] | None = None,
+             before: Callable[[int], None] | None = None) -> int:
         """Prepare and send every key, or, with ``enough``, stop preparing once it returns
-        true (checked as answers come); the number of keys sent (a prefix of ``keys``)."""
+        true (checked as answers come); the number of keys sent (a prefix of ``keys``).
+        ``before(i)`` runs just before key ``i`` is prepared (to take its source's identity
+        before it is read)."""
         stage = self.stage
         rows: list[int] = []
         items: list[Any] = []
@@ -124,6 +127,8 @@ class BatchRun:
             if enough is not None and enough():
                 break
             self.sent = i + 1
+            if before is not None:
+                before(i)
             key = self.keys[i]
             try:
                 items.append(key if stage.prepare is None else stage.prepare(key))

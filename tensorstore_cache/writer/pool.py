@@ -110,13 +110,15 @@ def _exit_with_parent(builder: int) -> None:
 
 def _bootstrap(payload: bytes, status_dir: str, builder: int, quick_exit: bool = False) -> None:
     """The pool's initializer: run once in every worker before its first task (``quick_exit``:
-    a device worker's, which exits without the teardown once it served its build)."""
+    a device worker's, which keeps the memory it frees for its next batch and exits without
+    the teardown once it served its build)."""
     global _loader, _start_error, _status_fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if quick_exit:  # before the loader is unpickled: the handlers it registers run first
-        from .devices import exit_quickly
+        from .devices import exit_quickly, keep_freed_memory
 
         atexit.register(exit_quickly)
+        keep_freed_memory()
     _exit_with_parent(builder)
     with contextlib.suppress(OSError):
         _status_fd = os.open(

@@ -115,11 +115,11 @@ class BatchRun:
         self._retry: list[tuple[int, Any]] = []
 
     def send(self, enough: Callable[[], bool] | None = None,
-             before: Callable[[int], None] | None = None) -> int:
+             before: Callable[[int], None] | None = None) -> None:
         """Prepare and send every key, or, with ``enough``, stop preparing once it returns
-        true (checked as answers come); the number of keys sent (a prefix of ``keys``).
-        ``before(i)`` runs just before key ``i`` is prepared (to take its source's identity
-        before it is read)."""
+        true (checked as answers come; :attr:`sent` says how many were). ``before(i)`` runs
+        just before key ``i`` is prepared (to take its source's identity before it is
+        read)."""
         stage = self.stage
         rows: list[int] = []
         items: list[Any] = []
@@ -141,7 +141,6 @@ class BatchRun:
                 rows, items = [], []
         if rows:
             self._send(rows, items)
-        return self.sent
 
     def take(self) -> bool:
         """Take the oldest answer due (waiting for it); False if none is due."""

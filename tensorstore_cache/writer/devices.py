@@ -212,6 +212,49 @@ def _inner(obj: Any) -> list[Any]:
     return held + [v for d in held if isinstance(d, dict) for v in d.values()]
 
 
+def exit_quickly() -> None:
+    """At exit, once this device worker has served its build: finish what the teardown would,
+    then exit without it.
+
+    Registered with :mod:`atexit` before the worker unpickles its loader, so
+    that it runs after every handler registered since (the loader's, its
+    framework's); it runs those registered before it that matter itself
+    (logging's, :class:`weakref.finalize`'s), then closes the file objects
+    left open, each wrapper before the file it wraps (a ``GzipFile`` before
+    its file, text before its buffer), as collecting them would, and exits
+    with status 0 (:func:`os._exit`). A worker that failed exits as usual.
+    """
+    if not _served:
+        return
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    with contextlib.suppress(Exception):
+        weakref.finalize._exitfunc()  # type: ignore[attr-defined]
+    # by type, never an object's own attributes (some warn when looked at): io's classes,
+    # and every file class built on them, derive from its C base
+    base = io.IOBase.__mro__[1]
+    objects = gc.get_objects()
+    kinds = {kind for kind in {type(obj) for obj in objects} if base in kind.__mro__}
+    files = {id(obj): obj for obj in objects if type(obj) in kinds}
+    std = [s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None]
+    keep = {id(s) for s in std} | {id(getattr(s, "buffer", None)) for s in std}
+    keep |= {id(getattr(getattr(s, "buffer", None), "raw", None)) for s in std}
+    wraps = {i: {id(x) for x in _inner(f) if id(x) in files and id(x) != i}
+             for i, f in files.items()}
+    left = set(files)
+    while left:  # the outermost first: no file left wraps them
+        wrapped = {j for i in left for j in wraps[i]}
+        outer = [i for i in left if i not in wrapped] or list(left)  # a cycle: any order
+        for i in outer:
+            left.discard(i)
+            with contextlib.suppress(Exception):
+                if not files[i].closed:
+                    files[i].flush()
+                    if i not in keep:
+                        files[i].close()
+    os._exit(0)
+
+
 #: Blocks up to this size a device worker's glibc allocator serves from its heap, and free
 #: memory it keeps at the heap's top (see :func:`keep_freed_memory`).
 KEEP_FREED_BYTES = 1 << 30
@@ -268,49 +311,6 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> int:
             mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES)
             return threshold
     return 0
-
-
-def exit_quickly() -> None:
-    """At exit, once this device worker has served its build: finish what the teardown would,
-    then exit without it.
-
-    Registered with :mod:`atexit` before the worker unpickles its loader, so
-    that it runs after every handler registered since (the loader's, its
-    framework's); it runs those registered before it that matter itself
-    (logging's, :class:`weakref.finalize`'s), then closes the file objects
-    left open, each wrapper before the file it wraps (a ``GzipFile`` before
-    its file, text before its buffer), as collecting them would, and exits
-    with status 0 (:func:`os._exit`). A worker that failed exits as usual.
-    """
-    if not _served:
-        return
-    with contextlib.suppress(Exception):
-        logging.shutdown()
-    with contextlib.suppress(Exception):
-        weakref.finalize._exitfunc()  # type: ignore[attr-defined]
-    # by type, never an object's own attributes (some warn when looked at): io's classes,
-    # and every file class built on them, derive from its C base
-    base = io.IOBase.__mro__[1]
-    objects = gc.get_objects()
-    kinds = {kind for kind in {type(obj) for obj in objects} if base in kind.__mro__}
-    files = {id(obj): obj for obj in objects if type(obj) in kinds}
-    std = [s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None]
-    keep = {id(s) for s in std} | {id(getattr(s, "buffer", None)) for s in std}
-    keep |= {id(getattr(getattr(s, "buffer", None), "raw", None)) for s in std}
-    wraps = {i: {id(x) for x in _inner(f) if id(x) in files and id(x) != i}
-             for i, f in files.items()}
-    left = set(files)
-    while left:  # the outermost first: no file left wraps them
-        wrapped = {j for i in left for j in wraps[i]}
-        outer = [i for i in left if i not in wrapped] or list(left)  # a cycle: any order
-        for i in outer:
-            left.discard(i)
-            with contextlib.suppress(Exception):
-                if not files[i].closed:
-                    files[i].flush()
-                    if i not in keep:
-                        files[i].close()
-    os._exit(0)
 
 
 def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:

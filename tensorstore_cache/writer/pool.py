@@ -108,13 +108,13 @@ def _exit_with_parent(builder: int) -> None:
     threading.Thread(target=watch, name="tsc-exit-with-parent", daemon=True).start()
 
 
-def _bootstrap(payload: bytes, status_dir: str, builder: int, quick_exit: bool = False) -> None:
-    """The pool's initializer: run once in every worker before its first task (``quick_exit``:
+def _bootstrap(payload: bytes, status_dir: str, builder: int, device_worker: bool = False) -> None:
+    """The pool's initializer: run once in every worker before its first task (``device_worker``:
     a device worker's, which keeps the memory it frees for its next batch and exits without
     the teardown once it served its build)."""
     global _loader, _start_error, _status_fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if quick_exit:  # before the loader is unpickled: the handlers it registers run first
+    if device_worker:  # before the loader is unpickled: the handlers it registers run first
         from .devices import exit_quickly, keep_freed_memory
 
         atexit.register(exit_quickly)

@@ -67,6 +67,10 @@ def run_tasks(
     pool.size`` from the front of the queue, sent first), or before any task
     without a pool.
     """
+    if local_first is not None and (pool is None or executor is not None or workers == 1
+                                    or len(tasks) <= 1 or daemonic()):
+        local_first()  # nothing is sent to a pool ahead of it
+        local_first = None
     bar: Any = _NoBar()
     if progress:  # imported only for a bar: at module level it adds ~0.1 s to every import
         from tqdm.auto import tqdm
@@ -80,8 +84,6 @@ def run_tasks(
             def submit(task: ShardTask) -> Future[ShardResult]:
                 return given.submit(run_shard, task)
 
-            if local_first is not None:
-                local_first()
             return _collect(submit, tasks, bar, pool_size=len(tasks), local=False,
                             broken=_broken_executor)
         if workers > 1 and len(tasks) > 1 and daemonic():
@@ -91,9 +93,6 @@ def run_tasks(
                 target.name,
             )
             workers = 1
-        if local_first is not None and (pool is None or workers == 1 or len(tasks) <= 1):
-            local_first()
-            local_first = None
         if workers == 1 or len(tasks) <= 1:
             results: dict[str, ShardResult] = {}
             for task in tasks:

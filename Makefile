@@ -36,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 
 # The documentation site (mkdocs.yml): built strictly into site/, or served while editing.
-# The tests build it too (tests/test_docs.py), with every example of the pages run.
+# The tests build it too (tests/test_project/test_docs.py), with every example of the pages run.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
@@ -49,7 +49,7 @@ bench: $(STAMP)
 	$(MAKE) --no-print-directory peers
 	$(BIN)/python -m benchmarks.records
 
-# The peers of benchmarks/records.py, each environment logged to its .log. A peer that does
+# The peers of benchmarks/records/records.py, each environment logged to its .log. A peer that does
 # not install is not an error here: the benchmark reports it as not installed, with why.
 peers:
 	@for venv in $(PEERS) $(PEERS_MDS); do \

@@ -1,7 +1,7 @@
 """MkDocs hooks: the README as the site's front page, and links to the repository's files.
 
 The pages are written to read well on GitHub too, so they link files of the
-repository by relative path (``../benchmarks/results/time_to_vectors.png``,
+repository by relative path (``../benchmarks/results/run/time_to_vectors.png``,
 ``../tests/data/format_v1/``). The site cannot serve those paths, so:
 
 - the front page ``index.md`` is generated from ``README.md``, its links to

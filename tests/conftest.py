@@ -2,11 +2,11 @@
 
 - ``images``, ``client_images``: small JPEG covers (:func:`write_images`).
 - ``s3``: a real S3 API (moto) on 127.0.0.1, served by another process that
-  counts every request it serves (:class:`benchmarks.s3server.S3Process`).
+  counts every request it serves (:class:`benchmarks.common.s3server.S3Process`).
 - ``base``, ``accounts``: a ``0o1777`` directory other users can reach, and
-  users and groups made for one test (:mod:`tests._uids`).
+  users and groups made for one test (:mod:`tests.support._uids`).
 - ``records_store``: a store of 2,000 records of every kind of field, in small data files
-  (:func:`tests._records.build_box_store`).
+  (:func:`tests.support._records.build_box_store`).
 
 Helpers: :func:`assert_same_batch` (two batches of records), :func:`gc_under_reader`
 (gc removes a namespace while a reader in another process holds its store).
@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmarks.s3server import S3Process
+from benchmarks.common.s3server import S3Process
 
-from . import _uids
+from .support import _uids
 
 #: Modules that tests import only in other processes (a model's module, one that imports
 #: slowly): --doctest-modules must not import them into the test process.
-collect_ignore = ["_batch_model.py", "_slow_start.py"]
+collect_ignore = ["support/_batch_model.py", "support/_slow_start.py"]
 
 
 def write_images(root: Path, n: int, *, seed: int = 0, gray_every: int = 0) -> list[str]:
@@ -107,7 +107,7 @@ def records_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], 
     (the reference) for the tests of one module: every kind of field, in data files of
     about 4 KiB (a shard of a fixed field, a chunk of a ragged field's values), several a
     field."""
-    from . import _records
+    from .support import _records
 
     return _records.build_box_store(tmp_path_factory.mktemp("records"), 2_000)
 

@@ -24,7 +24,7 @@ users write them), only through the public API:
 Every source's ``mtime_ns`` is set to a fixed old value (:data:`FIRST_NS`,
 :data:`SECOND_NS` for ``c.bin`` at the second call) before each build, so
 that nothing is racily clean (no content hash recorded for that reason) and
-every recorded identity is the same on every run. ``tests/test_format_v1.py``
+every recorded identity is the same on every run. ``tests/test_guarantees/test_format_v1.py``
 reads these files with the current reader and rebuilds them with
 :func:`build_all` to check that the writer still writes them byte for byte
 (but for build times, part ids and the manifests' writer).

@@ -18,7 +18,7 @@ from tensorstore_cache.format import hashes, keys, metadata, shard
 from tensorstore_cache.format.metadata import GroupMetadata
 from tensorstore_cache.format.verify import verify_segments
 
-from ..strategies import source_paths
+from ..support.strategies import source_paths
 
 
 def _vec(path: str) -> Any:

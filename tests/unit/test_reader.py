@@ -29,9 +29,9 @@ from tensorstore_cache.reader.segment import Segment
 from tensorstore_cache.reader.store import CacheStore
 from tensorstore_cache.reader.supply import FetchStats
 
-from .._cache_loaders import LogLoader, expected, write_sources
-from .._loaders import Filled
-from .._stores import Layered, layered
+from ..support._cache_loaders import LogLoader, expected, write_sources
+from ..support._loaders import Filled
+from ..support._stores import Layered, layered
 
 _vec = Filled((8,))
 

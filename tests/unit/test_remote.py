@@ -13,7 +13,7 @@ from tensorstore_cache.remote.fetch import fetch_store
 from tensorstore_cache.remote.upload import check_target, staging_dir, upload_store
 from tensorstore_cache.remote.urls import file_url_path, is_url, remote_cache_root, url_dir
 
-from .._loaders import Filled
+from ..support._loaders import Filled
 
 fsspec = pytest.importorskip("fsspec")
 

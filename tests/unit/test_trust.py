@@ -22,8 +22,8 @@ from tensorstore_cache.errors import StorePermissionWarning, UntrustedCacheError
 from tensorstore_cache.fs import opens
 from tensorstore_cache.fs import trust as tr
 
-from .. import _uids
-from .._uids import Accounts, Gate, run_as
+from ..support import _uids
+from ..support._uids import Accounts, Gate, run_as
 
 pytestmark = pytest.mark.skipif(not _uids.can_switch_users(), reason="needs root and fork")
 

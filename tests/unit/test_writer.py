@@ -17,7 +17,7 @@ from tensorstore_cache.writer.assemble import finish_store, publish, rewrite_row
 from tensorstore_cache.writer.builder import BuildOptions, build, rows_per_shard
 from tensorstore_cache.writer.tasks import ShardTask
 
-from .._loaders import Filled
+from ..support._loaders import Filled
 
 _vec = Filled((4,))
 

@@ -1,0 +1,125 @@
+"""Where a batched build's time goes: every stage of ``benchmarks.embed``'s build stamped.
+
+Run ``python -m benchmarks.embed.embed_timeline [--images N ...] [--threads T]``. For each size,
+it builds the embeddings of that many covers (the covers of ``benchmarks.embed``, made by
+:mod:`benchmarks.common.make_images`) into a fresh cache, with the same ``tsc.cached`` call as the
+embedding benchmark, and prints when, in seconds since the call, the device worker's
+``setup`` started and ended, the first and last batches ran, the first item was prepared in
+each process, and the call returned. Nothing is written but the covers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+
+import tensorstore_cache as tsc
+from benchmarks.common import make_images
+from benchmarks.common._report import compile_sources
+from benchmarks.embed.embed_model import CoverEmbed, decode
+
+
+class _Stamps:
+    """Appends ``seconds-since-start pid event`` lines to a file (any process may write)."""
+
+    def __init__(self, path: str, start: float) -> None:
+        self.path, self.start = path, start
+
+    def __call__(self, event: str) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time() - self.start:.3f} {os.getpid()} {event}\n")
+
+
+class StampedEmbed(CoverEmbed):
+    """:class:`~benchmarks.embed.embed_model.CoverEmbed`, stamping its set-up and every batch."""
+
+    def __init__(self, stamps: _Stamps, threads: int | None) -> None:
+        super().__init__(threads)
+        self.stamps = stamps
+
+    def setup(self, device: str) -> None:
+        """Stamp, build the model, stamp."""
+        self.stamps("setup started")
+        super().setup(device)
+        self.stamps("setup ended")
+
+    def __call__(self, items: list[Any]) -> npt.NDArray[Any]:
+        """Stamp, then embed the batch."""
+        self.stamps(f"batch of {len(items)}")
+        return super().__call__(items)
+
+
+class StampedDecode:
+    """:func:`~benchmarks.embed.embed_model.decode`, stamping the first item of each process."""
+
+    def __init__(self, stamps: _Stamps) -> None:
+        self.stamps = stamps
+        self.seen: set[int] = set()
+
+    def __call__(self, path: str) -> npt.NDArray[Any]:
+        if os.getpid() not in self.seen:
+            self.seen.add(os.getpid())
+            self.stamps("first item prepared")
+        return decode(path)
+
+
+def timeline(paths: list[str], threads: int | None, batch: int, workers: int) -> list[str]:
+    """Build the embeddings of ``paths`` into a fresh cache; the stamped events, in order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stamps = _Stamps(str(Path(tmp) / "stamps"), time.time())
+        stamps("cached() called")
+        tsc.cached(paths, cache_dir=Path(tmp) / "cache", loader=StampedEmbed(stamps, threads),
+                   prepare=StampedDecode(stamps), batch_size=batch, devices=["cpu"],
+                   workers=workers, progress=False).close()
+        stamps("cached() returned")
+        lines = Path(stamps.path).read_text(encoding="utf-8").splitlines()
+    # in the order written (a process's events in order), then by time
+    events = sorted(((float(t), pid, what) for t, pid, what in (ln.split(" ", 2) for ln in lines)),
+                    key=lambda e: e[0])
+    batches = [e for e in events if e[2].startswith("batch")]
+    first, last = (batches[0], batches[-1]) if batches else (None, None)
+    kept = []
+    for e in events:
+        if e is first:
+            kept.append((e[0], e[1], f"first {e[2]}"))
+        elif e is last:
+            kept.append((e[0], e[1], f"last {e[2]} ({len(batches)} batches)"))
+        elif not e[2].startswith("batch"):
+            kept.append(e)
+    return [f"{t:7.2f} s  pid {pid}  {what}" for t, pid, what in kept]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, nargs="+", default=[512, 20_000],
+                        help="sizes to build (default 512 20000)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the device worker (default: torch's own)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the covers are made (default: the embedding benchmark's)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    compile_sources()
+    workdir = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-embed").resolve()
+    data = workdir / f"data-{max(args.images)}-s{args.seed}"
+    make_images.generate(data, max(args.images), args.seed, quiet=True)
+    paths = sorted(str(p) for p in (data / "images").rglob("*.*"))
+    print(f"load average at the start: {os.getloadavg()[0]:.2f}")
+    for n in args.images:
+        print(f"\n{n:,} covers, batch {args.batch_size}, {args.workers} workers, "
+              f"torch threads {args.threads or 'default'}:")
+        print("\n".join(timeline(paths[:n], args.threads, args.batch_size, args.workers)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Micro-benchmarks of the core (``python -m benchmarks.micro`` runs :mod:`.micro`)."""

@@ -1,33 +1,27 @@
 """The reports of the benchmarks, and the main benchmark's: its targets and tables.
 
 What every benchmark's report uses (the main run's, :mod:`benchmarks.records._records_report`'s,
-:mod:`benchmarks.embed`'s): the environment and the command of a run, the formats of
+:mod:`benchmarks.embed`'s): the environment of a run, the formats of
 figures, ratios and target statuses, the lines of a table, and writing the report and
 its markdown with portable paths. Then the main benchmark's target ratios and tables.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
-import sys
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 from benchmarks.common._portable import portable
 from benchmarks.common._results import ResultsFile
+from benchmarks.common._stamp import cpu_name, machine, now, stamp
 from benchmarks.common.methods.torch_save import UNSAFE_NOTE
 
 TSC = "tensorstore_cache"
 PACKAGES = ("numpy", "torch", "zarr", "datasets", "pandas", "pyarrow", "pillow", "tensorstore",
             "psutil", "xxhash")
-
-
-def now() -> str:
-    """The current UTC time, ISO 8601 to the second."""
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def compile_sources() -> None:
@@ -50,15 +44,6 @@ def environment() -> dict[str, Any]:
     """CPU, cores, RAM, Python and library versions of this machine."""
     import psutil
 
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -67,7 +52,7 @@ def environment() -> dict[str, Any]:
             versions[name] = None
     return {
         "date": now(),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "ram_bytes": psutil.virtual_memory().total,
         "platform": platform.platform(),
@@ -77,20 +62,15 @@ def environment() -> dict[str, Any]:
     }
 
 
-def command(module: str, argv: list[str] | None) -> str:
-    """``python -m MODULE ARGS...``: the command that ran, with ``argv`` or this process's."""
-    return " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
-
-
 def publish(files: ResultsFile, report: dict[str, Any], render: Callable[[dict[str, Any]], str],
-            **places: Any) -> str:
-    """Write ``report`` and its markdown (``render``) as anyone can read them, the run's
-    directories by name (``data=...``, see :mod:`benchmarks.common._portable`); return the
-    markdown."""
+            run: dict[str, Any], **places: Any) -> str:
+    """Stamp ``report`` with ``run`` (:func:`benchmarks.common._stamp.stamp`), write it and
+    its markdown (``render``) as anyone can read them, the run's directories by name
+    (``data=...``, see :mod:`benchmarks.common._portable`); return the markdown as
+    written."""
+    stamp(report, run)
     shown: dict[str, Any] = portable(report, **places)
-    text = render(shown)
-    files.save(shown, text)
-    return text
+    return files.save(shown, render(shown))
 
 
 # -- figures, ratios and targets --------------------------------------------------------
@@ -172,12 +152,6 @@ def times(value: Any) -> str:
 
 
 # -- lines of the tables ----------------------------------------------------------------
-
-
-def machine(env: dict[str, Any]) -> str:
-    """``CPU, N cores, R GiB RAM, Python V``."""
-    return (f"{env['cpu']}, {env['cores']} cores, {env['ram_bytes'] / 2**30:.0f} GiB RAM, "
-            f"Python {env['python']}")
 
 
 def wall_and_load(env: dict[str, Any]) -> str:

@@ -5,7 +5,9 @@
 :func:`write_atomic` (a temporary file in the same directory, flushed to disk, then
 renamed over the old one), so an interrupted run leaves the figures it measured, never
 a half-written file. :meth:`ResultsFile.resume` gives back a previous report of the
-same configuration, whose measured methods a resumed run skips.
+same configuration, whose measured methods a resumed run skips. Every report is stamped
+(:mod:`benchmarks.common._stamp`): :meth:`ResultsFile.save` refuses one that is not, and
+ends its table with the stamp's lines.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common._stamp import footer, unstamped
 
 #: configuration fields that must match for a run to resume another's results
 IDENTITY = ("images", "seed", "agents", "open_sizes", "budget_s", "quick", "start_method",
@@ -108,8 +112,21 @@ class ResultsFile:
             raise ResumeMismatchError(str(self.json), differences)
         return report
 
-    def save(self, report: dict[str, Any], markdown: str) -> None:
-        """Write the report and its table (each atomically)."""
+    def save(self, report: dict[str, Any], markdown: str) -> str:
+        """Write the report and its table, the stamp's lines at its end (each atomically);
+        return the table as written.
+
+        Raises
+        ------
+        ValueError
+            If the report or one of its methods has no stamp.
+        """
+        missing = unstamped(report)
+        if missing:
+            raise ValueError(f"{self.json}: {', '.join(missing)} not stamped; stamp the report "
+                             "with benchmarks.common._stamp.stamp(report, run) first")
+        markdown = markdown.rstrip("\n") + "\n" + footer(report)
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomic(self.json, json.dumps(report, indent=1) + "\n")
         write_atomic(self.md, markdown)
+        return markdown

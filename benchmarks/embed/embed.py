@@ -56,6 +56,7 @@ import numpy as np
 from benchmarks.common import _report, make_images
 from benchmarks.common._memory import gb, sample
 from benchmarks.common._results import ResultsFile
+from benchmarks.common._stamp import run_stamp
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "embed"
@@ -481,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     files = ResultsFile(results, args.out)
     _report.compile_sources()
     env = _report.environment()
-    env["command"] = _report.command("benchmarks.embed", argv)
+    run = run_stamp("benchmarks.embed", argv, env)
+    env["command"] = run["command"]
     log(f"generating {args.images:,} covers into {data}")
     make_images.generate(data, args.images, args.seed, quiet=True)
     n = len(_paths(data))
@@ -496,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> str:
         report["env"]["wall_s"] = round(time.time() - started, 1)
         report["targets"] = targets(report)
-        return _report.publish(files, report, markdown, data=data, workdir=workdir,
+        return _report.publish(files, report, markdown, run, data=data, workdir=workdir,
                                results=results)
 
     direct = workdir / "direct.npy"

@@ -18,14 +18,14 @@ Each measurement alternates with its reference in short rounds and keeps the bes
 of each (builds: 1, 2, 1, 2 workers, the faster of each), so that both see the same load
 and the ratio holds on a shared machine where two separate timings would not.
 
-Prints a table with the ratios and writes ``benchmarks/results/micro/micro.json``.
+Prints a table with the ratios and writes ``benchmarks/results/micro/micro.json`` and its
+table, ``micro.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import multiprocessing
 import os
 import shutil
@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import make_images
-from benchmarks.common._portable import portable
-from benchmarks.common._report import compile_sources, environment
+from benchmarks.common._report import compile_sources, environment, publish
+from benchmarks.common._results import ResultsFile
+from benchmarks.common._stamp import run_stamp
 from benchmarks.common.methods._base import ITEM_SHAPE, SIZE, SyntheticLoader
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "micro"
@@ -291,17 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     paths = [str(p) for p in sorted((data / "images").rglob("*.*"))]
     compile_sources()
     env = environment()
-    env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.micro", *sys.argv[1:]])
+    run = run_stamp("benchmarks.micro", argv, env)
+    env["command"] = run["command"]
     res: dict[str, Any] = {"env": env}
     res["build"] = bench_build(paths, work)
     res["covers"] = bench_cover_rows(work / "build-2.tsc", data)
     res["open"] = bench_open(sizes, work, procs=3)
     res["access"] = bench_access(work / f"synthetic-{max(sizes)}.tsc", work, budget)
     shutil.rmtree(work, ignore_errors=True)
-    args.results.mkdir(parents=True, exist_ok=True)
-    res = portable(res, data=data, workdir=base, results=args.results)
-    (args.results / "micro.json").write_text(json.dumps(res, indent=1) + "\n")
-    print(table(res))
+    print(publish(ResultsFile(args.results, "micro"), res, table, run, data=data, workdir=base,
+                  results=args.results))
     return 0
 
 

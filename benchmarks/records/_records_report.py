@@ -7,7 +7,6 @@ from typing import Any
 
 from benchmarks.common._report import (
     figure,
-    machine,
     mib,
     rate,
     ratio,
@@ -19,6 +18,7 @@ from benchmarks.common._report import (
     verdict,
     wall_and_load,
 )
+from benchmarks.common._stamp import machine
 from benchmarks.records.records_methods import PEERS
 
 TSC = "tensorstore_cache"

@@ -38,6 +38,7 @@ import numpy as np
 
 from benchmarks.common import _report, make_images
 from benchmarks.common._results import ResultsFile
+from benchmarks.common._stamp import run_stamp
 from benchmarks.records import _records_report, records_data
 from benchmarks.records._records_procs import Runner
 from benchmarks.records.records_methods import DEFAULT, METHODS, VENVS, get
@@ -235,14 +236,15 @@ def bench_open_vs_n(name: str, cfg: Config, runner: Runner) -> dict[str, Any]:
     return per
 
 
-def save(report: dict[str, Any], files: ResultsFile, started: float, cfg: Config) -> str:
+def save(report: dict[str, Any], files: ResultsFile, started: float, cfg: Config,
+         run: dict[str, Any]) -> str:
     """Write the report as anyone can read it: the run's directories by name, no machine's."""
     report["env"]["wall_s"] = round(time.time() - started, 1)
     _records_report.check_records(report["methods"])
     report["targets"] = _records_report.targets(report["methods"], report["open_vs_n"],
                                                 report["config"]["open_sizes"])
     venvs = {f"{env}_venv": venv for env, venv in cfg.venvs.items()}
-    return _report.publish(files, report, _records_report.markdown, data=cfg.data,
+    return _report.publish(files, report, _records_report.markdown, run, data=cfg.data,
                            workdir=cfg.workdir, results=cfg.results, **venvs)
 
 
@@ -252,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     files = ResultsFile(cfg.results, cfg.out)
     _report.compile_sources()
     env = _report.environment()
-    env["command"] = _report.command("benchmarks.records", argv)
+    run = run_stamp("benchmarks.records", argv, env)
+    env["command"] = run["command"]
     log(f"generating {cfg.images:,} covers into {cfg.data}")
     make_images.generate(cfg.data, cfg.images, cfg.seed, quiet=True)
     keys, ratings, rows = cover_records(cfg.data)
@@ -282,15 +285,15 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             rec = bench_method(name, cfg, runner, jobs, keys)
             report["methods"][name] = rec
-            save(report, files, started, cfg)
+            save(report, files, started, cfg, run)
             if rec["status"] == "ok" and cfg.open_sizes:
                 report["open_vs_n"][name] = bench_open_vs_n(name, cfg, runner)
             rec["wall_s"] = round(time.time() - t0, 1)
-            save(report, files, started, cfg)
+            save(report, files, started, cfg, run)
     except KeyboardInterrupt:
         log(f"interrupted: {files.json} holds the methods measured so far")
         return 130
-    text = save(report, files, started, cfg)
+    text = save(report, files, started, cfg, run)
     print(text)
     log(f"done in {time.time() - started:.0f} s; results in {files.json}")
     return 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -41,8 +40,8 @@ import numpy as np
 
 from benchmarks.common import _report, make_images, methods
 from benchmarks.common._memory import available_memory, gb
-from benchmarks.common._portable import portable
 from benchmarks.common._results import ResultsFile
+from benchmarks.common._stamp import now, run_stamp
 from benchmarks.common.methods._base import ITEM_BYTES
 from benchmarks.run import _plots
 from benchmarks.run._driver import AGENT_TIMEOUT_S, set_start_method
@@ -213,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     "rate_budget_s": cfg.budget_s, "quick": cfg.quick,
                     "agent_start_method": cfg.start_method, "open_repeats": cfg.open_repeats,
                     "image_generation_s": gen_s}
-    env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.run", *sys.argv[1:]])
+    run = run_stamp("benchmarks.run", argv, env)
+    env["command"] = run["command"]
     if previous:
         report = previous
         report["env"].setdefault("runs", []).append(
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                   "targets": {}}
     count = len(report["methods"])
     try:
-        _measure(cfg, report, files, started, paths, paths_file)
+        _measure(cfg, report, files, started, paths, paths_file, run)
     except KeyboardInterrupt:
         log(f"interrupted: {files.json} holds the methods measured so far "
             f"({', '.join(report['methods']) or 'none'}); --resume goes on from there")
@@ -233,10 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     if previous and len(report["methods"]) == count:
         report["env"]["runs"].pop()  # nothing measured: the tables and plots are redrawn
         log(f"{files.json}: every method is measured; tables and plots redrawn")
-        _save(report, files, None, cfg)
+        text = _save(report, files, None, cfg, run)
     else:
-        _save(report, files, started, cfg)
-    text = _report.markdown(_shown(report, cfg))
+        text = _save(report, files, started, cfg, run)
     _plots.plots(report, files.directory, prefix=files.plot_prefix)
     print(text)
     failed = [f"{m} ({k})" for m, r in report["methods"].items()
@@ -248,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(cfg: Config, report: dict[str, Any], files: ResultsFile, started: float,
-             paths: list[str], paths_file: str) -> None:
+             paths: list[str], paths_file: str, run: dict[str, Any]) -> None:
     """Measure every method not yet in ``report``; save the report after each."""
     for name in cfg.methods:
         if name in report["methods"]:
@@ -262,24 +261,17 @@ def _measure(cfg: Config, report: dict[str, Any], files: ResultsFile, started: f
             log(f"{name}: open/load time vs N {cfg.open_sizes}")
             report["open_vs_n"][name] = bench_open_vs_n(name, cfg)
             report["open_vs_n"] = _order(report["open_vs_n"], cfg.methods)
-        rec["measured"] = {"date": _report.now(), "wall_s": round(time.time() - method_t0, 1)}
+        rec["measured"] = {"date": now(), "wall_s": round(time.time() - method_t0, 1)}
         report["methods"][name] = rec
         report["methods"] = _order(report["methods"], cfg.methods)
-        _save(report, files, started, cfg)
-
-
-def _shown(report: dict[str, Any], cfg: Config) -> dict[str, Any]:
-    """The report as written: its paths relative to the checkout or as ``<data>``,
-    ``<workdir>``, ``<results>`` (see :mod:`benchmarks.common._portable`)."""
-    shown: dict[str, Any] = portable(report, data=cfg.data, workdir=cfg.workdir,
-                                     results=cfg.results)
-    return shown
+        _save(report, files, started, cfg, run)
 
 
 def _save(report: dict[str, Any], files: ResultsFile, started: float | None,
-          cfg: Config) -> None:
+          cfg: Config, run: dict[str, Any]) -> str:
     """Rewrite the results file and its table with what is measured so far (and this
-    run's wall time, unless ``started`` is None), with portable paths."""
+    run's wall time, unless ``started`` is None), stamped by ``run``, with portable paths
+    (see :mod:`benchmarks.common._portable`); return the table."""
     env = report["env"]
     runs = env.setdefault("runs", [{}])
     if started is not None:
@@ -288,8 +280,8 @@ def _save(report: dict[str, Any], files: ResultsFile, started: float | None,
     report["config"]["methods"] = list(report["methods"])
     report["targets"] = _report.targets(report["methods"], report["open_vs_n"],
                                         report["config"]["open_sizes"])
-    shown = _shown(report, cfg)
-    files.save(shown, _report.markdown(shown))
+    return _report.publish(files, report, _report.markdown, run, data=cfg.data,
+                           workdir=cfg.workdir, results=cfg.results)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common._results import ResultsFile
 
 TSC = "tensorstore_cache"
 #: the same with ``identity="none"``: no ``stat`` of the sources
@@ -396,10 +396,9 @@ def plot_timeline(report: dict[str, Any], path: Path, run: int = 0) -> None:
     plt.close(fig)
 
 
-def write(report: dict[str, Any], results: Path, name: str) -> None:
-    """``NAME.json`` (atomically), ``NAME.md`` and ``NAME_timeline.png`` into ``results``."""
-    tmp = results / f"{name}.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, results / f"{name}.json")
-    (results / f"{name}.md").write_text(markdown(report), encoding="utf-8")
-    plot_timeline(report, results / f"{name}_timeline.png")
+def write(report: dict[str, Any], files: ResultsFile) -> str:
+    """``NAME.json``, ``NAME.md`` (each atomically) and ``NAME_timeline.png``; return the
+    table as written."""
+    text = files.save(report, markdown(report))
+    plot_timeline(report, files.directory / f"{files.name}_timeline.png")
+    return text

@@ -45,6 +45,8 @@ from typing import Any
 
 from benchmarks.common import _report, make_images, methods
 from benchmarks.common._portable import portable
+from benchmarks.common._results import ResultsFile
+from benchmarks.common._stamp import run_stamp, stamp
 from benchmarks.common.methods._base import ITEM_BYTES, dir_bytes
 from benchmarks.sweep import _sweep_report
 from benchmarks.sweep._node_memory import NodeMemory
@@ -320,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     _report.compile_sources()
     env = _report.environment()
-    env["command"] = " ".join([Path(sys.executable).name, "-m", "benchmarks.sweep",
-                               *(sys.argv[1:] if argv is None else argv)])
+    this_run = run_stamp("benchmarks.sweep", argv, env)
+    env["command"] = this_run["command"]
     log(f"covers: {cfg.images:,} in {cfg.data}")
     tables = prepare_tables(cfg)
     for sub in ("methods", "trials"):
@@ -344,11 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     env["sizes"]["vector_bytes"] = cfg.images * ITEM_BYTES
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     # as written: paths relative to the checkout or as <data>, <workdir>, <results>
-    report = portable(_sweep_report.build(env, config, runs), data=cfg.data,
+    report = portable(stamp(_sweep_report.build(env, config, runs), this_run), data=cfg.data,
                       workdir=cfg.workdir, results=cfg.results)
-    cfg.results.mkdir(parents=True, exist_ok=True)
-    _sweep_report.write(report, cfg.results, cfg.out)
-    print(_sweep_report.markdown(report))
+    print(_sweep_report.write(report, ResultsFile(cfg.results, cfg.out)))
     log(f"done in {env['wall_s']:.0f} s; results in {cfg.results / cfg.out}.*")
     return 0
 

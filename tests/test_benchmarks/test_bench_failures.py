@@ -28,6 +28,7 @@ import pytest
 
 from benchmarks.common import _failures, _report, _results
 from benchmarks.common._memory import available_memory, estimate_round, guard, sample
+from benchmarks.common._stamp import stamp
 from benchmarks.common.methods import METHODS
 from benchmarks.run import _rounds
 from benchmarks.run._driver import AgentError
@@ -190,6 +191,9 @@ def test_an_interrupted_run_keeps_its_figures_and_resume_goes_on(tmp_path: Path)
     assert {r["status"] for r in report["methods"]["raw_memmap"]["rounds"].values()} == {"ok"}
     assert report["methods"]["raw_memmap"]["vectors_equal_no_cache"] is True
     assert [r["resumed"] for r in report["env"]["runs"]] == [False, True]
+    assert report["stamp"] == first["stamp"] == report["methods"]["no_cache"]["stamp"]
+    assert "--resume" in report["methods"]["raw_memmap"]["stamp"]["command"]
+    assert "--resume" not in report["stamp"]["command"]
 
     redrawn = _bench(*common, "--resume", "--methods", "no_cache,raw_memmap", timeout=120)
     assert redrawn.returncode == 0 and "tables and plots redrawn" in redrawn.stderr
@@ -354,9 +358,11 @@ def test_resume_refuses_another_configuration(tmp_path: Path) -> None:
     files = _results.ResultsFile(tmp_path, "x")
     assert files.resume({"images": 10}) is None  # nothing to resume
     config = {"images": 10, "seed": 0, "agents": [1, 4], "allow_oom": True}
-    files.save({"config": config, "methods": {"no_cache": {}}}, "table\n")
+    run = {"commit": None, "dirty": None, "command": "python -m benchmarks.run", "machine": "m",
+           "date": "2026-12-04T00:00:00+00:00"}
+    files.save(stamp({"config": config, "methods": {"no_cache": {}}}, run), "table\n")
     resumed = files.resume(dict(config))
-    assert resumed is not None and resumed["methods"] == {"no_cache": {}}
+    assert resumed is not None and resumed["methods"] == {"no_cache": {"stamp": run}}
     with pytest.raises(ValueError, match=r"agents: \[1, 4\] there, \[1, 2\] now") as info:
         files.resume(dict(config, agents=[1, 2]))
     again = pickle.loads(pickle.dumps(info.value))

@@ -90,6 +90,9 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
     assert env["cores"] >= 1 and env["ram_bytes"] > 0 and env["cpu"] and env["python"]
     for pkg in ("numpy", "torch", "zarr", "datasets"):
         assert env["versions"][pkg], pkg
+    run = report["stamp"]  # the code it measured
+    assert len(run["commit"]) == 40 and run["command"] == env["command"], run
+    assert all(rec["stamp"] == run for rec in report["methods"].values())
     assert len(report["targets"]) == 9
     assert {t["status"] for t in report["targets"].values()} <= {"PASS", "MISS", "n/a"}
     table = (results / "latest.md").read_text()
@@ -207,6 +210,7 @@ def records_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     assert proc.returncode == 0, proc.stderr[-6000:]
     report = json.loads((results / "records.json").read_text())
     assert (results / "records.md").read_text().strip() in proc.stdout
+    assert all(m["stamp"] == report["stamp"] for m in report["methods"].values())
     return work, report, proc.stdout
 
 
@@ -329,6 +333,7 @@ def test_embed_runs_every_method_and_checks_its_embeddings(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((results / "embed.json").read_text())
     assert (results / "embed.md").read_text().strip() in proc.stdout
+    assert all(m["stamp"] == report["stamp"] for m in report["methods"].values())
     assert report["limit"]["status"] == "ok" and report["limit"]["limit_s"] > 0
     assert report["limit"]["limit_s"] == max(report["limit"]["limit_s_rounds"])
     # the forward pass timed again as a device worker runs it: a second, stricter limit

@@ -176,6 +176,8 @@ def test_report_table_targets_and_plot(sweep: Sweep) -> None:
     assert absolute_paths((results / "sweep.json").read_text()) == []
     table = (results / "sweep.md").read_text()
     assert table.strip() in stdout
+    assert report["stamp"]["command"] == report["env"]["command"]  # the code it measured
+    assert f"Measured at commit {report['stamp']['commit'][:12]}" in table
     for name in METHODS:
         assert f"| {name} |" in table
     assert set(report["targets"]) == {"later_data_vs_torch_save", "later_data_vs_no_cache",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import numpy as np
 
 from . import config
 from .cache import CacheOptions, NamespaceDirectory, cached_store, is_namespace
-from .config import Check, LocalCopy, OnError, OnStale, check_mode
+from .config import Identity, LocalCopy, OnError, OnStale, check_mode
 from .errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError
 from .format import (
     GROUP,
@@ -35,7 +35,6 @@ from .fs import Trust, network_mount, resolve_trust
 from .loaders import BatchLoader, Loader, resolve_loader
 from .reader import (
     CacheStore,
-    Identity,
     Location,
     StoreDirectory,
     open_directory,
@@ -261,7 +260,7 @@ def build_store(
     paths: Iterable[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
-    size: tuple[int, int] = (32, 32),
+    size: tuple[int, int] | None = None,
     dtype: str = "float32",
     loader: Loader | BatchLoader | None = None,
     loader_id: str | None = None,
@@ -276,9 +275,6 @@ def build_store(
     shard_bytes: int = config.SHARD_BYTES,
     fields: Mapping[str, Field] | Sequence[str] | None = None,
     identity: Identity | None = None,
-    batch_size: int | None = None,
-    prepare: Callable[[str], Any] | None = None,
-    devices: Sequence[str] | None = None,
 ) -> CacheStore:
     """Build a store of one vector (or record) per distinct path, publish it atomically, open it.
 
@@ -296,7 +292,8 @@ def build_store(
         ``<cache_dir>/remote/`` as this node's copy. With ``overwrite=True``
         the old store is withdrawn from the URL when the build starts.
     size
-        ``(height, width)`` of the default image loader.
+        ``(height, width)`` of the built-in image loader (default ``(32, 32)``);
+        ``TypeError`` with a custom ``loader``, which makes its own items.
     dtype
         Element type stored: ``"float32"`` (values of ``ToTensor``) or
         ``"uint8"`` (0..255, four times smaller; see :func:`to_float32`).
@@ -307,6 +304,9 @@ def build_store(
         otherwise (a function of ``__main__`` or of a notebook cell, a lambda,
         a closure, a :func:`functools.partial`). Without an ``item_shape``
         attribute, its first item is computed first, here, to learn the shape.
+        A :class:`BatchLoader` computes batches in device workers instead (its
+        ``batch_size``, ``prepare`` and ``devices``); ``executor`` does not
+        apply to it.
     loader_id
         A string naming the loader and its version, recorded in the spec
         (default: the loader's ``loader_id`` attribute, else its module and
@@ -352,9 +352,6 @@ def build_store(
     identity
         What is recorded about each source: ``"stat"`` (default), ``"none"``
         or a function of the keys giving version tokens; see :func:`cached`.
-    batch_size, prepare, devices
-        For a :class:`BatchLoader` only (``TypeError`` with any other
-        loader); see :func:`cached`.
 
     Returns
     -------
@@ -371,7 +368,8 @@ def build_store(
         If called, for ``out``, by the loader of the build of ``out`` or by one
         of that build's worker processes.
     TypeError
-        If ``workers > 1`` and the loader cannot be pickled.
+        If ``workers > 1`` and the loader cannot be pickled, or ``size`` is given
+        with a custom loader.
 
     Examples
     --------
@@ -399,7 +397,7 @@ def build_store(
                 "umask's modes, and no node cache is involved")
     np_dtype = np.dtype(dtype).name
     schema, names = normalize_fields(fields)
-    kind, token_fn = resolve_identity(identity, None)
+    kind, token_fn = resolve_identity(identity)
     if kind == "content":
         raise ValueError(
             "identity='content' is kept by cached(), whose parts record content hashes beside "
@@ -407,7 +405,7 @@ def build_store(
             "nothing ('none') or version tokens (a function)"
         )
     keys = list(dict.fromkeys(normalize_keys(paths)))
-    batching = _batching(loader, batch_size, prepare, devices, executor)
+    batching = _batching(loader, executor)
     options = BuildOptions(
         **batching,
         loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype),
@@ -438,23 +436,19 @@ def cached(
     paths: Iterable[str | os.PathLike[str]],
     *,
     cache_dir: str | os.PathLike[str] | None = None,
-    size: tuple[int, int] = (32, 32),
+    size: tuple[int, int] | None = None,
     dtype: str = "float32",
     loader: Loader | BatchLoader | None = None,
     loader_id: str | None = None,
     workers: int | None = None,
     on_error: OnError = "raise",
     progress: bool = True,
-    check: Check | None = None,
     on_stale: OnStale = "rebuild",
     lock_timeout: float | None = None,
     executor: Executor | None = None,
     share_with: str | int | None = None,
     fields: Mapping[str, Field] | Sequence[str] | None = None,
     identity: Identity | None = None,
-    batch_size: int | None = None,
-    prepare: Callable[[str], Any] | None = None,
-    devices: Sequence[str] | None = None,
 ) -> CacheStore:
     """Return a store holding the vector of every path, computing only what is missing.
 
@@ -473,16 +467,19 @@ def cached(
     cache_dir
         Root of the cache (default ``$TSC_CACHE_DIR``, else
         ``~/.cache/tensorstore_cache``).
-    size, dtype
-        Output ``(height, width)`` and element type of the built-in image
-        loader (``dtype`` is also the stored type of a custom loader's output).
+    size
+        Output ``(height, width)`` of the built-in image loader (default
+        ``(32, 32)``); ``TypeError`` with a custom ``loader``.
+    dtype
+        Element type of the built-in image loader's output, and the stored
+        type of a custom loader's output.
     loader
         A callable ``path -> array`` of one fixed shape, instead of the image
         loader: a function, lambda, closure, ``functools.partial`` or
         callable object, defined anywhere (a script's ``__main__``, a notebook
         cell); see :func:`build_store`. A ``params`` dict attribute becomes
         part of the fingerprint. A :class:`BatchLoader` computes batches in
-        device workers instead (see ``batch_size``, ``prepare`` and
+        device workers instead (its ``batch_size``, ``prepare`` and
         ``devices``); its ``loader_id`` names what ``prepare`` and the
         loader compute together.
     loader_id
@@ -513,26 +510,13 @@ def cached(
         keys, whose changed tokens make their entries stale. Entries recorded
         under another kind are stale once. Under ``"stat"`` a key that is not a
         file fails its build, saying to pass ``"none"`` or a function.
-    batch_size
-        For a :class:`BatchLoader`: items per call (default 256). A shard's
-        keys go in batches, in key order; the last batch of a shard may be
-        shorter.
-    prepare
-        For a :class:`BatchLoader`: a per-key function ``key -> item`` run
-        in the CPU worker processes (``workers`` of them, as a per-key
-        loader is); its picklable results are the loader's ``items``
-        (default: the keys). When the loader declares no ``item_shape`` and
-        no ``fields=`` are given, the first batch is prepared in this
-        process and its result (kept, never computed again) gives the shape.
-    devices
-        For a :class:`BatchLoader`: the devices it runs on (default
-        ``["cpu"]``): one device worker process per distinct device,
-        started from a clean interpreter (CUDA works there), where the
-        loader's ``setup(device)`` runs once; nothing of the loader runs in
-        this process. Shards go round the devices.
-    check
-        The older name of ``identity``: ``"stat"`` or ``"hash"`` (``"content"``);
-        passing both raises ``TypeError``.
+    fields
+        The fields of a store of records: a mapping of field name to
+        :class:`Fixed`, :class:`Ragged` or :class:`Text`, declaring them (each
+        record is checked against them), or the field names of a loader that
+        returns tuples, in order. None (default): one tensor per key, unless
+        the loader returns records (a dict, or a tuple with names), whose
+        fields are then inferred from the first. Part of the fingerprint.
     on_stale
         What to do with stale entries: ``"rebuild"`` (recompute them into a
         new part that overrides the old entries), ``"raise"``
@@ -574,6 +558,9 @@ def cached(
     ValueError
         If a custom loader has no ``loader_id``, an option is invalid, or
         ``share_with`` names no group.
+    TypeError
+        If ``size`` is given with a custom loader, or ``executor`` with a
+        :class:`BatchLoader`.
     PermissionError
         If you are not a member of the ``share_with`` group.
 
@@ -586,11 +573,11 @@ def cached(
     ((8, 3, 32, 32), 2)
     """
     check_mode("on_error", on_error, OnError)
-    kind, tokens = resolve_identity(identity, check)
+    kind, tokens = resolve_identity(identity)
     check_mode("on_stale", on_stale, OnStale)
     np_dtype = np.dtype(dtype).name
     schema, names = normalize_fields(fields)
-    batching = _batching(loader, batch_size, prepare, devices, executor)
+    batching = _batching(loader, executor)
     build_options = BuildOptions(
         **batching,
         loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype, strict=True),
@@ -612,47 +599,33 @@ def cached(
     return cached_store(root, keys, options)
 
 
-def _batching(
-    loader: Loader | BatchLoader | None,
-    batch_size: int | None,
-    prepare: Callable[[str], Any] | None,
-    devices: Sequence[str] | None,
-    executor: Executor | None,
-) -> dict[str, Any]:
-    """The batch options of a build, checked: none for a loader of one key.
+def _batching(loader: Loader | BatchLoader | None, executor: Executor | None) -> dict[str, Any]:
+    """The batch options of a build, read from a :class:`BatchLoader` and checked: none for a
+    loader of one key.
 
     Raises
     ------
     TypeError
-        If ``batch_size``, ``prepare`` or ``devices`` is given with a loader that
-        is not a :class:`BatchLoader`, or ``executor`` with one that is.
+        If ``executor`` is given with a batch loader, or its ``prepare`` is not callable
+        or its ``devices`` a string.
     ValueError
-        If ``batch_size`` is not positive or ``devices`` is empty.
+        If its ``batch_size`` is not positive or its ``devices`` is empty.
     """
     if not isinstance(loader, BatchLoader):
-        given = [name for name, value in (("batch_size", batch_size), ("prepare", prepare),
-                                          ("devices", devices)) if value is not None]
-        if given:
-            raise TypeError(
-                f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a "
-                "tensorstore_cache.BatchLoader, which computes a batch of items at once; the "
-                f"loader {loader!r} computes one key per call. Subclass tsc.BatchLoader, or "
-                f"remove {', '.join(given)}"
-            )
         return {}
     if executor is not None:
         raise TypeError(
             "executor= runs shard tasks anywhere, but a BatchLoader's device workers run on "
             "this machine; remove executor= (workers= sets the CPU processes that prepare)"
         )
-    size = 256 if batch_size is None else batch_size
+    size, prepare, devices = loader.batch_size, loader.prepare, loader.devices
     if type(size) is not int or size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise ValueError(f"batch_size must be a positive integer, got {size!r}")
     if prepare is not None and not callable(prepare):
         raise TypeError(f"prepare must be a callable key -> item, got {prepare!r}")
     if isinstance(devices, str):
         raise TypeError(f"devices must be a list of device names, e.g. [{devices!r}]")
-    names = ["cpu"] if devices is None else list(devices)
+    names = list(devices)
     if not names or not all(isinstance(d, str) and d for d in names):
         raise ValueError(
             f"devices must name at least one device (e.g. ['cpu'], ['cuda:0', 'cuda:1']), "

@@ -20,27 +20,31 @@ Environment variables
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 __all__ = [
     "CACHE_DIR_ENV",
     "CACHE_GROUP_ENV",
+    "Identity",
+    "IdentityKind",
     "LOCKS_ENV",
+    "LocalCopy",
     "MAX_ARRAY_JSON",
+    "MAX_BYTES_ENV",
     "MAX_DEPTH",
     "MAX_GROUP_JSON",
     "MAX_VALUES",
     "MIN_SHARD_ROWS",
-    "SHARD_BYTES",
-    "Check",
-    "IdentityKind",
     "Missing",
-    "LocalCopy",
     "OnError",
     "OnStale",
     "Recorded",
+    "SHARD_BYTES",
+    "SourceCheck",
     "__version__",
+    "cache_root",
     "check_mode",
     "default_cache_dir",
 ]
@@ -77,14 +81,19 @@ LocalCopy = Literal["auto", "always", "never"]
 
 OnError = Literal["raise", "skip"]
 """What a build does with a source that fails to load."""
-Check = Literal["stat", "hash"]
-"""How a cached entry is known to be current (the older name of :data:`IdentityKind`)."""
 IdentityKind = Literal["stat", "content", "none"]
-"""How a source's identity is taken: its size and mtime, its content's hash, or not at all
-(a callable giving version tokens is the fourth kind, ``"token"``)."""
+"""How users name the way a source's entry is known to be current (``identity=``): its size
+and mtime, its content's hash, or not at all; a function giving version tokens is the
+fourth way (:data:`Identity`)."""
+Identity = IdentityKind | Callable[[list[str]], Any]
+"""What ``identity=`` takes: a kind, or a function ``keys -> uint64 array`` of version tokens."""
+SourceCheck = Literal[IdentityKind, "token"]
+"""How a build records its sources and how a check compares them: by stat, by stat plus a
+content hash of every source (``"content"``), not at all, or by version tokens."""
 Recorded = Literal["stat", "none", "token"]
-"""What a store recorded about its sources: size and mtime (plus content hashes beside a
-cache's part), nothing, or version tokens of a callable."""
+"""What a store's metadata records about its sources (on disk): size and mtime (a
+``"content"`` build writes ``"stat"`` and its hashes beside its part), nothing, or version
+tokens."""
 OnStale = Literal["rebuild", "raise", "ignore"]
 """What :func:`~tensorstore_cache.cached` does with stale entries."""
 Missing = Literal["raise", "ignore"]

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -363,36 +363,83 @@ class BatchLoader:
     """A loader that computes a batch of items at once, in a device worker process.
 
     Subclass it and define ``__call__(self, items)``: ``items`` is a list of
-    what ``prepare=`` returned for each key (the keys themselves, ``str``,
-    without ``prepare``), in key order; it returns an array whose leading
-    dimension is ``len(items)`` (row ``i`` is item ``i``'s value) or, for a
-    store of records, a dict of field name -> such an array (a ragged field:
-    a list of ``len(items)`` arrays, or a :class:`~tensorstore_cache.Ragged`
-    batch; a text field: a list of ``str``).
+    what :attr:`prepare` returned for each key (the keys themselves, ``str``,
+    without it), in key order; it returns an array whose leading dimension is
+    ``len(items)`` (row ``i`` is item ``i``'s value) or, for a store of
+    records, a dict of field name -> such an array (a ragged field: a list of
+    ``len(items)`` arrays, or a :class:`~tensorstore_cache.Ragged` batch; a
+    text field: a list of ``str``).
 
     The instance is pickled and sent to one device worker process per
-    distinct device (``devices=``, default ``["cpu"]``), each started from a
-    clean interpreter: CUDA works there. In each, :attr:`device` is set to
-    the device's name and :meth:`setup` is called once, before the first
-    batch: create the model there, not in ``__init__``, so that the calling
-    process never loads it.
+    distinct device (:attr:`devices`, default ``("cpu",)``), each started
+    from a clean interpreter: CUDA works there. In each, :attr:`device` is
+    set to the device's name and :meth:`setup` is called once, before the
+    first batch: create the model there, not in ``__init__``, so that the
+    calling process never loads it.
+
+    How it batches is part of the loader: class attributes of a subclass, or
+    the arguments of this constructor (a subclass's ``__init__`` passes them
+    on with ``super().__init__(batch_size=..., ...)``).
+
+    Parameters
+    ----------
+    batch_size
+        Items per call (default 256). A shard's keys go in batches, in key
+        order; the last batch of a shard may be shorter.
+    prepare
+        A per-key function ``key -> item`` run in the CPU worker processes
+        (``workers=`` of them, as a per-key loader is); its picklable results
+        are the loader's ``items`` (default: the keys). When the loader
+        declares no ``item_shape`` and no ``fields=`` are given, the first
+        batch is prepared in the building process and its result (kept, never
+        computed again) gives the shape.
+    devices
+        The devices it runs on (default ``("cpu",)``): one device worker
+        process per distinct device, where :meth:`setup` runs once; nothing
+        of the loader runs in the building process. Shards go round the
+        devices.
 
     Examples
     --------
     >>> class Norms(BatchLoader):
     ...     def __call__(self, items):
     ...         return np.array([[len(k)] for k in items], np.float32)
-    >>> Norms()(["a.jpg", "bb.jpg"]).tolist()
+    >>> Norms(batch_size=64)(["a.jpg", "bb.jpg"]).tolist()
     [[5.0], [6.0]]
     """
 
+    batch_size: int = 256
+    """Items per call."""
+    prepare: Callable[[str], Any] | None = None
+    """The per-key stage run in the CPU workers (None: the items are the keys)."""
+    devices: Sequence[str] = ("cpu",)
+    """The devices it runs on: one device worker each (distinct names)."""
     device: str = "cpu"
     """The device this worker computes on (set before :meth:`setup` is called)."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int | None = None,
+        prepare: Callable[[str], Any] | None = None,
+        devices: Sequence[str] | None = None,
+    ) -> None:
+        if batch_size is not None:
+            self.batch_size = batch_size
+        if prepare is not None:
+            self.prepare = prepare
+        if devices is not None:
+            self.devices = devices
 
     def setup(self, device: str) -> None:
         """Prepare to compute on ``device`` (load the model there): once per device worker.
 
         Does nothing by default.
+
+        Parameters
+        ----------
+        device
+            The name of the device this worker computes on (also :attr:`device`).
         """
 
     def __call__(self, items: list[Any]) -> Any:
@@ -421,7 +468,7 @@ def resolve_loader(
     loader: Loader | BatchLoader | None,
     *,
     loader_id: str | None = None,
-    size: tuple[int, int] = (32, 32),
+    size: tuple[int, int] | None = None,
     dtype: str = "float32",
     strict: bool = False,
 ) -> LoaderInfo:
@@ -435,8 +482,10 @@ def resolve_loader(
         attributes are used when present.
     loader_id
         Overrides the loader's own ``loader_id``.
-    size, dtype
-        Of the image loader.
+    size
+        ``(height, width)`` of the image loader (None: ``(32, 32)``); only with it.
+    dtype
+        Of the image loader (a custom loader's output is converted to it).
     strict
         Require an explicit identity for a custom loader (``loader_id`` or a
         ``loader_id`` attribute), as a cache does, which keeps the vectors of
@@ -447,7 +496,8 @@ def resolve_loader(
     Raises
     ------
     TypeError
-        If ``loader`` is not callable or its ``params`` is not a dict.
+        If ``loader`` is not callable or its ``params`` is not a dict, or ``size`` is
+        given with a custom loader (it would not be used).
     ValueError
         If ``strict`` and the identity is missing, or ``size``/``dtype`` are invalid.
     """
@@ -457,13 +507,19 @@ def resolve_loader(
                 "loader_id names a custom loader; without loader= the built-in image loader "
                 f"is used and identifies itself - drop loader_id={loader_id!r} or pass loader="
             )
-        image = ImageLoader(size=size, dtype=dtype)
+        image = ImageLoader(size=(32, 32) if size is None else size, dtype=dtype)
         return LoaderInfo(
             fn=image, loader_id=loader_id or image.loader_id, params=dict(image.params),
             item_shape=image.item_shape,
         )
     if not callable(loader):
         raise TypeError(f"loader must be a callable path -> array, got {loader!r}")
+    if size is not None:
+        raise TypeError(
+            f"size={size!r} was provided but unused: it sets the built-in image loader's "
+            f"(height, width), and the custom loader {loader!r} makes its own items; remove "
+            "size= (or give the loader its own size parameter)"
+        )
     name = getattr(loader, "__qualname__", type(loader).__qualname__)
     ident = loader_id if loader_id is not None else getattr(loader, "loader_id", None)
     if strict and (not isinstance(ident, str) or not ident.strip()):

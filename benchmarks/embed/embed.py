@@ -17,8 +17,8 @@ each phase in a fresh process:
 Methods (:mod:`benchmarks.embed.embed_model` has the model and the decoding):
 
 ``tensorstore_cache``
-    ``tsc.cached(paths, loader=CoverEmbed(), prepare=decode, batch_size=256,
-    devices=["cpu"], workers=W)``: decoding in the CPU workers, the model in one
+    ``tsc.cached(paths, loader=CoverEmbed(prepare=decode, batch_size=256,
+    devices=["cpu"]), workers=W)``: decoding in the CPU workers, the model in one
     device worker;
 ``hf_datasets``
     ``Dataset.from_dict({"path": paths}).map(fn, batched=True, batch_size=256,
@@ -208,8 +208,8 @@ def _run_method(name: str, paths: list[str], job: dict[str, Any]) -> Any:
     from benchmarks.embed.embed_model import CoverEmbed, PerItem, decode
 
     if name == TSC:
-        store = tsc.cached(paths, cache_dir=job["cache"], loader=CoverEmbed(threads),
-                           prepare=decode, batch_size=batch, devices=["cpu"],
+        store = tsc.cached(paths, cache_dir=job["cache"], loader=CoverEmbed(
+                               threads, prepare=decode, batch_size=batch, devices=["cpu"]),
                            workers=workers, progress=False)
     else:
         store = tsc.cached(paths, cache_dir=job["cache"], loader=PerItem(threads),

@@ -87,7 +87,8 @@ class PerItem:
 
     loader_id = LOADER_ID + "+per-item"
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, **batching: Any) -> None:
+        super().__init__(**batching)
         self.threads = threads
         self.model: Any = None
 
@@ -117,14 +118,15 @@ def hf_embed(batch: dict[str, list[str]], threads: int | None = None) -> dict[st
 
 
 class CoverEmbed(tsc.BatchLoader):
-    """The CNN as a batch loader: items are :func:`decode`'s pixels (``prepare=decode``).
+    """The CNN as a batch loader: items are :func:`decode`'s pixels (``CoverEmbed(prepare=decode)``).
 
     ``threads`` caps the device worker's torch threads (None: torch's default).
     """
 
     loader_id = LOADER_ID
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, **batching: Any) -> None:
+        super().__init__(**batching)
         self.threads = threads
         self.model: Any = None
 

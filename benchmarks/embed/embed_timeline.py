@@ -40,8 +40,8 @@ class _Stamps:
 class StampedEmbed(CoverEmbed):
     """:class:`~benchmarks.embed.embed_model.CoverEmbed`, stamping its set-up and every batch."""
 
-    def __init__(self, stamps: _Stamps, threads: int | None) -> None:
-        super().__init__(threads)
+    def __init__(self, stamps: _Stamps, threads: int | None, **batching: Any) -> None:
+        super().__init__(threads, **batching)
         self.stamps = stamps
 
     def setup(self, device: str) -> None:
@@ -75,8 +75,9 @@ def timeline(paths: list[str], threads: int | None, batch: int, workers: int) ->
     with tempfile.TemporaryDirectory() as tmp:
         stamps = _Stamps(str(Path(tmp) / "stamps"), time.time())
         stamps("cached() called")
-        tsc.cached(paths, cache_dir=Path(tmp) / "cache", loader=StampedEmbed(stamps, threads),
-                   prepare=StampedDecode(stamps), batch_size=batch, devices=["cpu"],
+        tsc.cached(paths, cache_dir=Path(tmp) / "cache", loader=StampedEmbed(
+                       stamps, threads, prepare=StampedDecode(stamps), batch_size=batch,
+                       devices=["cpu"]),
                    workers=workers, progress=False).close()
         stamps("cached() returned")
         lines = Path(stamps.path).read_text(encoding="utf-8").splitlines()

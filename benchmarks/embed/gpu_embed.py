@@ -2,7 +2,7 @@
 
 Run ``python -m benchmarks.embed.gpu_embed [--images N] [--device cuda:0]``. Without a CUDA
 device (or without torch) it prints ``no CUDA device`` and exits 0. Otherwise it builds
-the embeddings of the covers with ``tsc.cached(..., prepare=decode, devices=[device])``
+the embeddings of the covers with ``tsc.cached(..., loader=CoverEmbed(prepare=decode, devices=[device]))``
 into a fresh cache and prints the items/s, the GPU memory of every process that held a
 CUDA context during the build (sampled with ``nvidia-smi`` every 0.2 s: each is one
 context) and how many there were: one, the device worker's, whatever ``--workers`` is.
@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with GpuProcesses() as gpu:
             t0 = time.perf_counter()
-            store = tsc.cached(paths, cache_dir=cache, loader=CoverEmbed(), prepare=decode,
-                               batch_size=args.batch_size, devices=[args.device],
+            store = tsc.cached(paths, cache_dir=cache, loader=CoverEmbed(
+                                   prepare=decode, batch_size=args.batch_size,
+                                   devices=[args.device]),
                                workers=args.workers, progress=False)
             seconds = time.perf_counter() - t0
         assert store.spec.item_shape is not None

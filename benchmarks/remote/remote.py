@@ -53,6 +53,7 @@ def _key(i: int) -> str:
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorstore_cache as tsc
+    from tensorstore_cache.reader import view_of
 
     t0 = time.perf_counter()
     store = tsc.open_store(spec["url"], cache_dir=spec["cache"],
@@ -95,7 +96,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         for b in batches:
             store.take(b)
         out["take256_ms"] = (time.perf_counter() - t) / len(batches) * 1e3
-        out["budget"] = store.segments[0].budget
+        out["budget"] = view_of(store).segments[0].budget
     stats = store.fetch_stats
     out["fetched_bytes"] = stats.bytes if stats else 0
     out["fetched_shards"] = stats.shards if stats else 0

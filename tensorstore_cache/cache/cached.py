@@ -15,16 +15,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from ..config import OnStale
+from ..config import OnStale, SourceCheck
 from ..errors import BuildError, CorruptStoreError, StaleSourceError, StoreNotFoundError
 from ..format import write_hashes
 from ..fs import Holder, parse_temp, remove_tree
-from ..reader import CacheStore, open_directory, stale_mask, token_map
+from ..reader import CacheStore, open_directory, stale_keys, token_map, view_of
 from ..writer import BuildOptions, Schema, build, building, collect_debris
 from .compact import merge_start, write_merged
 from .fingerprint import fingerprint, namespace_name
@@ -41,7 +40,7 @@ class CacheOptions:
 
     build: BuildOptions
     """How to compute what is missing."""
-    identity: Literal["stat", "content", "none", "token"] = "stat"
+    identity: SourceCheck = "stat"
     """How a cached entry is known to be current: its source's stat, its content hash, never
     stale, or the version ``tokens`` of the requested keys."""
     tokens: Callable[[list[str]], npt.ArrayLike] | None = None
@@ -114,23 +113,17 @@ def _reporter(ns: Namespace, progress: bool) -> Callable[[Holder | None], None]:
 
 
 def _plan(
-    view: CacheStore | None, keys: list[str], options: CacheOptions, tokens: _Tokens
+    store: CacheStore | None, keys: list[str], options: CacheOptions, tokens: _Tokens
 ) -> tuple[list[str], list[str]]:
-    """Return ``(missing, stale)`` keys of ``keys`` against ``view``."""
-    if view is None or not keys:
+    """Return ``(missing, stale)`` keys of ``keys`` against ``store``."""
+    if store is None or not keys:
         return list(keys), []
-    rows = view.rows(keys, missing="ignore")
-    present = np.flatnonzero(rows >= 0)
+    rows = store.rows(keys, missing="ignore")
     missing = [keys[i] for i in np.flatnonzero(rows < 0).tolist()]
-    if options.on_stale == "ignore" or options.identity == "none" or len(present) == 0:
+    if options.on_stale == "ignore":
         return missing, []
-    found = [keys[i] for i in present.tolist()]
-    recorded = view.source_identity(rows[present], content_hash=options.identity != "token")
-    current = None if tokens is None else np.array([tokens[k] for k in found], np.uint64)
-    mask = stale_mask(found, recorded, check=options.identity, tokens=current)
-    return missing, [found[i] for i in np.flatnonzero(mask).tolist()]
-
-
+    by_key = (lambda _found: tokens) if tokens is not None else None
+    return missing, stale_keys(view_of(store), keys, rows, kind=options.identity, tokens=by_key)
 
 
 def _tokens(keys: list[str], options: CacheOptions) -> _Tokens:
@@ -347,7 +340,7 @@ def _build_part(
     declared one) spares the builder a probing call of the loader, so every
     item is computed exactly once.
     ``label`` is what its progress bar says.
-    Content hashes of the sources (every one with ``check="hash"``, racily
+    Content hashes of the sources (every one with ``identity="content"``, racily
     clean ones always), taken before each source was read, go to the part's
     side file.
     """
@@ -356,8 +349,7 @@ def _build_part(
     loader = dataclasses.replace(options.build.loader, item_shape=item_shape)
     build_options = dataclasses.replace(
         options.build, loader=loader, overwrite=False,
-        hash_sources=options.identity == "content",
-        identity="stat" if options.identity == "content" else options.identity,
+        identity=options.identity,
         tokens=tokens,
         label=label, schema=schema,
     )
@@ -420,7 +412,7 @@ def _maybe_compact(ns: Namespace, manifest: Manifest) -> None:
     if view is None:
         return
     try:
-        rows = [seg.n for seg in view.segments]
+        rows = [seg.n for seg in view_of(view).segments]
         start = merge_start(rows, sum(rows) - len(view))
     finally:
         view.close()

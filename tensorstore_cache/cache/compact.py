@@ -22,7 +22,7 @@ import numpy as np
 from .. import config
 from ..format import FIELDS, VECTORS, Fixed, StoreSpec, write_hashes
 from ..fs import Trust, make_dir, remove_tree
-from ..reader import CacheStore
+from ..reader import CacheStore, view_of
 from ..writer import (
     RaggedWriter,
     default_workers,
@@ -77,7 +77,7 @@ def write_merged(view: CacheStore, target: Path, *, trust: Trust) -> int:
     keys = view.paths
     n = len(keys)
     base = view.spec
-    recorded = view.source_identity(np.arange(n, dtype=np.int64), content_hash=True)
+    recorded = view_of(view).source_identity(np.arange(n, dtype=np.int64), content_hash=True)
     # the kinds of the live rows only: a part whose rows were all recomputed since (under
     # another kind, say) must not make the merge mixed, or every later check finds it stale
     live = recorded.recorded
@@ -143,11 +143,11 @@ def _copy_fields(
             files.update(rewrite_rows(tmp, layout, view.field(layout.name).take, trust))
             layouts.append(layout)
             continue
-        total = int(view.value_lengths(layout.name, np.arange(n, dtype=np.int64)).sum())
+        total = int(view_of(view).value_lengths(layout.name, np.arange(n, dtype=np.int64)).sum())
         writer = RaggedWriter(tmp, layout.name, layout.field, n=n, total=total, trust=trust)
         for start in range(0, n, _COPY_ROWS):
             rows = np.arange(start, min(start + _COPY_ROWS, n), dtype=np.int64)
-            values, offsets, shapes = view.gather_values(layout.name, rows)
+            values, offsets, shapes = view_of(view).gather_values(layout.name, rows)
             writer.append(values, np.diff(offsets), shapes)
         final, written = writer.finish()
         layouts.append(final)

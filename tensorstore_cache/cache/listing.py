@@ -17,6 +17,7 @@ from typing import Any
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError, UntrustedCacheError
 from ..fs import Trust, describe_owner, disk_usage, is_held, open_root, read_holder, resolve_trust
+from ..reader import view_of
 from .namespace import Namespace
 
 __all__ = ["CacheInfo", "last_used", "list_caches", "mtime", "namespaces"]
@@ -133,7 +134,7 @@ def _refusal(ns: Namespace) -> tuple[UntrustedCacheError | None, tuple[str, ...]
         manifest = ns.current()
         if manifest is not None and manifest.parts:
             with ns.open_parts(manifest.parts, pin=False) as store:
-                for seg in store.segments:
+                for seg in view_of(store).segments:
                     seg.map_all()  # every file of every field
                     seg.content_hashes()
                 fields = tuple(f.name for f in store.spec.fields)

@@ -240,8 +240,18 @@ class Ragged:
         cls, rows: Sequence[npt.ArrayLike], dtype: str | None = None,
         shape: tuple[int | None, ...] | None = None,
     ) -> Ragged:
-        """A batch of the arrays ``rows`` (``shape``: the template; default: only the first
-        dimension varies)."""
+        """A batch of the arrays ``rows``.
+
+        Parameters
+        ----------
+        rows
+            One array (or array-like) per row.
+        dtype
+            The values' type (default: the first row's).
+        shape
+            The template of a row's shape, None for a varying dimension (default: only the
+            first dimension varies).
+        """
         arrays = [np.asarray(r) if dtype is None else np.asarray(r, dtype=dtype) for r in rows]
         kind = dtype or (arrays[0].dtype.name if arrays else "float32")
         if shape is None:
@@ -251,7 +261,13 @@ class Ragged:
         return template.batch(arrays)
 
     def batch(self, rows: Sequence[npt.NDArray[Any]]) -> Ragged:
-        """This field's batch of ``rows`` (checked against the declared shape)."""
+        """This field's batch of ``rows`` (checked against the declared shape).
+
+        Parameters
+        ----------
+        rows
+            One array per row, each of the field's shape (its varying dimensions any size).
+        """
         varying = self.varying
         lengths = np.empty(len(rows), np.int64)
         shapes = np.empty((len(rows), len(varying)), np.int64)
@@ -277,6 +293,17 @@ class Ragged:
     ) -> Ragged:
         """This field's batch of arrays already laid out and checked (what a store's reader
         returns): no per-row check, no copy.
+
+        Parameters
+        ----------
+        values
+            Every row's values, concatenated along the first dimension.
+        offsets
+            ``B + 1`` offsets from 0 into ``values``: row ``i`` is
+            ``values[offsets[i]:offsets[i + 1]]``.
+        shapes
+            For a field with more than one varying dimension: each row's sizes
+            along them, ``(B, varying)`` (None otherwise).
 
         Examples
         --------
@@ -310,7 +337,13 @@ class Ragged:
         return np.diff(offsets)
 
     def row_shape(self, i: int) -> tuple[int, ...]:
-        """The shape of row ``i``."""
+        """The shape of row ``i``.
+
+        Parameters
+        ----------
+        i
+            A row of the batch.
+        """
         if self.shapes is None:
             _values, offsets = self._data()
             return (int(offsets[i + 1] - offsets[i]), *self.inner)
@@ -333,7 +366,12 @@ class Ragged:
     def pad(self, value: Any = 0, max_len: int | None = None) -> npt.NDArray[Any]:
         """Rows padded to the batch's largest size in every varying dimension: ``(B, *shape)``.
 
-        ``max_len`` caps the first varying dimension (longer rows are truncated).
+        Parameters
+        ----------
+        value
+            What the padding holds (it must fit the field's dtype).
+        max_len
+            Caps the first varying dimension (longer rows are truncated); None: no cap.
         """
         values, offsets = self._data()
         b = len(offsets) - 1

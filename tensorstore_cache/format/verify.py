@@ -90,7 +90,13 @@ class VerifyReport:
         return list(dict.fromkeys(p.path for p in self.problems))
 
     def extend(self, other: VerifyReport) -> None:
-        """Add the counts and problems of ``other`` (another segment) to this report."""
+        """Add the counts and problems of ``other`` (another segment) to this report.
+
+        Parameters
+        ----------
+        other
+            The report of another segment of the same store.
+        """
         self.files_checked += other.files_checked
         self.bytes_checked += other.bytes_checked
         self.problems.extend(other.problems)

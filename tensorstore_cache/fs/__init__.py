@@ -19,6 +19,7 @@ module                 what it does
 ``fs.sizes``           disk usage and ages, for housekeeping's reports
 ``fs.renames``         atomic exchange and no-replace renames (``renameat2``)
 ``fs.mounts``          which filesystem holds a path (network mounts)
+``fs.sources``         a source file's identity: its stat and content hash, before a read
 =====================  ==================================================================
 """
 
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from .ranges import RangeHolds, try_lock_range, unlock_range
     from .renames import exchange_dirs
     from .sizes import age_text, disk_usage
+    from .sources import hash_file, hash_many, identify, stat_many
     from .temp import (
         TempName,
         collect_temps,
@@ -89,6 +91,7 @@ _MODULES = {
     ),
     "ranges": ("RangeHolds", "try_lock_range", "unlock_range"),
     "renames": ("exchange_dirs",),
+    "sources": ("hash_file", "hash_many", "identify", "stat_many"),
     "sizes": ("age_text", "disk_usage"),
     "temp": (
         "TempName", "collect_temps", "delete_tree", "parse_temp", "remove_temps", "remove_tree",
@@ -119,6 +122,9 @@ __all__ = [
     "file_digest",
     "fsync_dir",
     "fsync_dirs",
+    "hash_file",
+    "hash_many",
+    "identify",
     "io_step",
     "is_held",
     "make_dir",
@@ -136,6 +142,7 @@ __all__ = [
     "remove_temps",
     "remove_tree",
     "resolve_trust",
+    "stat_many",
     "temp_path",
     "try_exclusive",
     "try_lock_range",

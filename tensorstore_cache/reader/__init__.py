@@ -16,23 +16,26 @@ from .._interface import interface
 if TYPE_CHECKING:
     from .assembly import MadeBy, SegmentSource, StoreDirectory, assemble, open_directory
     from .record import Record
-    from .sources import Identity, SourceIdentity, identify, resolve_identity, stale_mask, token_map
-    from .store import CacheStore, Location, open_location
+    from .sources import SourceIdentity, resolve_identity, stale_mask, token_map
+    from .staleness import stale_keys
+    from .store import CacheStore, Location, open_location, view_of
     from .supply import FetchStats, ShardSupply
+    from .view import StoreView
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
     "assembly": ("MadeBy", "SegmentSource", "StoreDirectory", "assemble", "open_directory",),
     "record": ("Record",),
-    "sources": ("Identity", "SourceIdentity", "identify", "resolve_identity", "stale_mask", "token_map",),
-    "store": ("CacheStore", "Location", "open_location",),
+    "sources": ("SourceIdentity", "resolve_identity", "stale_mask", "token_map",),
+    "staleness": ("stale_keys",),
+    "store": ("CacheStore", "Location", "open_location", "view_of",),
     "supply": ("FetchStats", "ShardSupply",),
+    "view": ("StoreView",),
 }
 
 __all__ = [
     "CacheStore",
     "FetchStats",
-    "Identity",
     "Location",
     "MadeBy",
     "Record",
@@ -40,13 +43,15 @@ __all__ = [
     "ShardSupply",
     "SourceIdentity",
     "StoreDirectory",
+    "StoreView",
     "assemble",
-    "identify",
     "open_directory",
     "open_location",
     "resolve_identity",
+    "stale_keys",
     "stale_mask",
     "token_map",
+    "view_of",
 ]
 
 if not TYPE_CHECKING:  # a name is imported from its module when first used

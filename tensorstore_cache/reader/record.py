@@ -20,6 +20,11 @@ __all__ = ["Record"]
 class Record(Mapping[str, Any]):
     """The fields of one key, read-only: ``rec["image"]``, ``rec.image``, ``dict(rec)``.
 
+    Parameters
+    ----------
+    values
+        Each field's value, by name, in schema order (kept, not copied).
+
     Examples
     --------
     >>> rec = Record({"image": np.zeros((3, 2, 2), np.uint8), "title": "Dune"})

@@ -49,7 +49,7 @@ from torch.utils.data._utils.collate import default_collate as _default_collate
 from .._api import open_store
 from ..format import Ragged
 from ..loaders import to_float32
-from ..reader import CacheStore
+from ..reader import CacheStore, view_of
 from .loader import StoreLoader
 from .records import RaggedMode, check_fields, record_batch, record_item, record_samples
 from .sampler import StoreSampler
@@ -304,7 +304,7 @@ class StoreDataset(Dataset[Any]):
         if self.fields is not None:
             item = record_item(self.store, int(self.rows[i]), self.fields)
             return item if self.targets is None else (item, torch.as_tensor(self.targets[i]))
-        view = self.store.vector(int(self.rows[i]))
+        view = view_of(self.store).vector(int(self.rows[i]))
         x = torch.from_numpy(to_float32(view) if self.as_float else view)
         if self.transform is not None:
             x = self.transform(x)

@@ -29,6 +29,18 @@ class StoreLoader(DataLoader[Any]):
     Made by :meth:`StoreDataset.dataloader`; its :attr:`sampler` is a
     :class:`StoreSampler` and each batch is gathered in one piece.
 
+    Parameters
+    ----------
+    dataset
+        The :class:`StoreDataset` it serves.
+    sampler
+        The order of the batches (a :class:`StoreSampler`).
+    keys
+        Gives the dataset's keys, in row order (what a saved position is checked against).
+    **kwargs
+        The other arguments of ``torch.utils.data.DataLoader`` (``num_workers``...);
+        ``in_order`` must stay True.
+
     Attributes
     ----------
     sampler : StoreSampler

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data._utils import collate as _collate
 
 from ..format import Fixed, Ragged, Text
-from ..reader import CacheStore
+from ..reader import CacheStore, view_of
 
 __all__ = ["RaggedMode", "check_fields", "record_batch", "record_item", "record_samples"]
 
@@ -61,7 +61,7 @@ def check_fields(store: CacheStore, fields: Sequence[str] | None) -> tuple[str, 
 
 def record_item(store: CacheStore, row: int, fields: tuple[str, ...]) -> dict[str, Any]:
     """The fields of ``row`` as zero-copy tensors (text as ``str``)."""
-    record = store.vector(row)
+    record = view_of(store).vector(row)
     return {name: record[name] if isinstance(record[name], str) else torch.from_numpy(record[name])
             for name in fields}
 

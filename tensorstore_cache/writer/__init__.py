@@ -13,7 +13,6 @@ from .._interface import interface
 if TYPE_CHECKING:
     from .assemble import finish_store, publish, rewrite_rows
     from .builder import (
-        BuildOptions,
         build,
         build_to_url,
         collect_debris,
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
         temp_dir,
     )
     from .fields import record_spec
+    from .options import BuildOptions
     from .ragged import RaggedWriter
     from .records import Schema, check_record, infer_schema, is_record, normalize_fields
     from .reentry import building
@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 #: Every name of the interface, by the module defining it.
 _MODULES = {
     "assemble": ("finish_store", "publish", "rewrite_rows",),
-    "builder": ("BuildOptions", "build", "build_to_url", "collect_debris", "default_workers", "rows_per_shard", "temp_dir",),
+    "builder": ("build", "build_to_url", "collect_debris", "default_workers", "rows_per_shard", "temp_dir",),
     "fields": ("record_spec",),
+    "options": ("BuildOptions",),
     "ragged": ("RaggedWriter",),
     "records": ("Schema", "check_record", "infer_schema", "is_record", "normalize_fields",),
     "reentry": ("building",),

@@ -16,17 +16,16 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from .. import config
-from ..config import Recorded
-from ..loaders import BatchLoader, Loader, LoaderInfo
+from ..loaders import BatchLoader, Loader
 from .batches import BatchRun
 from .devices import DeviceStage, wait_listening
+from .options import BuildOptions
 from .pool import BuildPool
 from .records import Schema, check_record, infer_schema, is_record
 from .schedule import daemonic
@@ -41,31 +40,6 @@ DEVICE_EXIT_S = 60.0
 FIRST_BATCHES = 32
 #: Bytes of prepared items it queues at most meanwhile (fewer batches of large items).
 FIRST_BYTES = 256 << 20
-
-
-class Options(Protocol):
-    """What a batched build reads of its :class:`~.builder.BuildOptions`."""
-
-    @property
-    def loader(self) -> LoaderInfo: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def names(self) -> tuple[str, ...] | None: ...
-    @property
-    def hash_sources(self) -> bool: ...
-    @property
-    def identity(self) -> Recorded: ...
-    @property
-    def tokens(self) -> Mapping[str, int] | None: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def prepare(self) -> Callable[[str], Any] | None: ...
-    @property
-    def devices(self) -> tuple[str, ...]: ...
-    @property
-    def executor(self) -> Executor | None: ...
 
 
 def device_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -149,7 +123,7 @@ def device_workers(
 
 @contextlib.contextmanager
 def devices_for(
-    options: Options, keys: list[str], workers: int
+    options: BuildOptions, keys: list[str], workers: int
 ) -> Iterator[tuple[DeviceStage | None, BuildPool | None]]:
     """The device workers of a build by a batch loader, and the pool of its ``workers - 1``
     CPU workers when the build will need one (both None for a loader of one key, or no key to
@@ -223,7 +197,7 @@ class Pending:
 
 
 def first_batch(
-    stage: DeviceStage, keys: list[str], options: Options
+    stage: DeviceStage, keys: list[str], options: BuildOptions
 ) -> tuple[dict[int, tuple[Any, tuple[int, int, int]]], Pending | None, Schema | None,
            tuple[int, ...] | None]:
     """Compute batches until one item succeeds; return every item computed by row (its value
@@ -247,7 +221,7 @@ def first_batch(
         chunk = keys[start:end]
         probe = ShardTask(root="", rel="", keys=chunk, loader=None, dtype="", item_shape=(),
                           rows_per_shard=1, write_on_failure=False,
-                          hash_sources=options.hash_sources, identity=options.identity,
+                          identity=options.identity,
                           tokens=None if options.tokens is None or options.identity != "token"
                           else [options.tokens[k] for k in chunk])
         identities: list[tuple[int, int, int]] = []  # of the keys sent: taken as each is

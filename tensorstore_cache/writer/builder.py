@@ -23,9 +23,7 @@ import mmap
 import os
 import textwrap
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import config
-from ..config import OnError, Recorded
+from ..config import Recorded
 from ..errors import BuildError, StoreExistsError
 from ..format import VECTORS, FieldLayout, Fixed, GroupMetadata, StoreSpec, shard_key
 from ..fs import (
-    EXPLICIT,
-    Trust,
     collect_temps,
     file_digest,
     make_dir,
@@ -46,7 +42,7 @@ from ..fs import (
     remove_tree,
     temp_path,
 )
-from ..loaders import Loader, LoaderInfo
+from ..loaders import Loader
 from ..remote import (
     discard_files,
     discard_upload,
@@ -60,6 +56,7 @@ from .assemble import finish_store, publish, seal
 from .batched import Pending, devices_for, first_batch, per_key
 from .devices import DeviceStage
 from .fields import assemble_fields, drop_rows, prepare_fields, record_spec
+from .options import BuildOptions
 from .pool import BuildPool
 from .records import Schema, check_record, infer_schema, is_record
 from .reentry import building
@@ -75,7 +72,6 @@ from .tasks import (
 )
 
 __all__ = [
-    "BuildOptions",
     "build",
     "build_to_url",
     "collect_debris",
@@ -83,52 +79,6 @@ __all__ = [
     "rows_per_shard",
     "temp_dir",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BuildOptions:
-    """How to build: the options of one ``build_store`` (or of a cache's build)."""
-
-    loader: LoaderInfo
-    """What computes the vectors, and its identity."""
-    dtype: str = "float32"
-    """Element type stored."""
-    workers: int | None = None
-    """Worker processes (None: every core)."""
-    on_error: OnError = "raise"
-    """``"raise"``: publish nothing if a source fails; ``"skip"``: build the rest."""
-    progress: bool = True
-    """Show a progress bar."""
-    label: str | None = None
-    """What the progress bar says is built (default: ``building <target's name>``)."""
-    overwrite: bool = False
-    """Replace an existing store at the target."""
-    executor: Executor | None = None
-    """Runs the shard tasks instead of a local process pool."""
-    trust: Trust = EXPLICIT
-    """Whose store it is: the modes of every directory and file created (a cache's
-    private or shared modes; a path the user names: the umask's)."""
-    shard_bytes: int = config.SHARD_BYTES
-    """Target size of one shard file."""
-    hash_sources: bool = False
-    """Record every source's content hash, taken before it is read (racily clean sources
-    get one anyway; see :mod:`tensorstore_cache.reader.sources`)."""
-    identity: Recorded = "stat"
-    """What is recorded about each source: its stat, nothing, or its version token."""
-    tokens: Mapping[str, int] | None = None
-    """With ``identity="token"``: every key's version token (uint64)."""
-    schema: Schema | None = None
-    """The fields of a store of records, declared (or those its cache holds): each record is
-    checked against them. None: one tensor per key, unless the loader returns records (a dict,
-    or a tuple with ``names``), whose schema is then inferred from the first."""
-    names: tuple[str, ...] | None = None
-    """The field names of a loader's tuples, in order."""
-    batch_size: int = 256
-    """A :class:`~tensorstore_cache.loaders.BatchLoader`'s items per batch."""
-    prepare: Callable[[str], Any] | None = None
-    """A batch loader's per-key stage, run in the CPU workers (None: the items are the keys)."""
-    devices: tuple[str, ...] = ("cpu",)
-    """A batch loader's distinct devices: one device worker each."""
 
 
 #: Items computed before the shard tasks run (to learn the item shape), by row: each one's
@@ -208,7 +158,7 @@ def _probe(
     failures: list[tuple[str, str, str]] = []
     probe = ShardTask(root="", rel="", keys=keys, loader=None, dtype="", item_shape=(),
                       rows_per_shard=1, write_on_failure=False,
-                      hash_sources=options.hash_sources, identity=options.identity,
+                      identity=options.identity,
                       tokens=_tokens(options, keys))
     for i, key in enumerate(keys):
         identity = source_identity(probe, i, key)
@@ -275,7 +225,7 @@ def _plan(
         spec = record_spec(n, schema, loader_id=info.loader_id, params=info.params,
                            workers=nworkers, shard_bytes=options.shard_bytes,
                            batch=options.batch_size if stage is not None else 1)
-        return dataclasses.replace(spec, identity=options.identity), probed, pending
+        return dataclasses.replace(spec, identity=_recorded(options)), probed, pending
     assert item_shape is not None
     item_nbytes = int(np.prod(item_shape)) * np_dtype.itemsize
     spec = StoreSpec(
@@ -287,9 +237,15 @@ def _plan(
         rows_per_shard=rows_per_shard(n, item_nbytes, nworkers, options.shard_bytes,
                                       options.batch_size if stage is not None else 1),
         created_unix=time.time(),
-        identity=options.identity,
+        identity=_recorded(options),
     )
     return spec, probed, pending
+
+
+def _recorded(options: BuildOptions) -> Recorded:
+    """What the store's metadata records: a ``"content"`` build records each source's stat
+    (its content hashes lie beside a cache's part)."""
+    return "stat" if options.identity == "content" else options.identity
 
 
 def build(
@@ -458,7 +414,6 @@ def _build_into(
             item_shape=spec.item_shape or (),
             rows_per_shard=s,
             write_on_failure=options.on_error == "skip",
-            hash_sources=options.hash_sources,
             identity=options.identity,
             tokens=_tokens(options, keys[k * s : (k + 1) * s]),
             schema=spec.schema or None,

@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..config import Recorded
+from ..config import SourceCheck
 from ..format import VECTORS, FieldLayout, Fixed
-from ..fs import EXPLICIT, Trust, write_replace
+from ..fs import EXPLICIT, Trust, identify, write_replace
 from ..loaders import Loader
-from ..reader import identify
 from ..remote import upload_file
 from .assemble import write_shard_file
 from .batches import Failure, Row, compute_rows
@@ -89,10 +88,9 @@ class ShardTask:
     whose workers received the loader when they started. ``computed`` holds
     items computed already, by row in the shard, with their source identity
     taken before they were read (the one that told the builder the item
-    shape). ``hash_sources`` records every source's content hash (taken
-    before it is read; racily clean sources get one anyway). ``identity``
-    says what is recorded about the sources: their stat (``"stat"``),
-    nothing (``"none"``: no system call on a key), or ``tokens`` (one per
+    shape). ``identity`` says what is recorded about the sources: their stat
+    (``"stat"``), their stat and content hash (``"content"``, taken before it
+    is read; racily clean sources get a hash anyway), nothing (``"none"``: no system call on a key), or ``tokens`` (one per
     key, given by the caller). ``trust`` gives the shard's directories and file
     the modes of the cache (or store) being built, in whatever process writes it.
     With ``upload`` (the store's URL) the shard is written to a local temporary
@@ -119,8 +117,7 @@ class ShardTask:
     computed: dict[int, tuple[Any, tuple[int, int, int]]] = field(
         default_factory=dict
     )
-    hash_sources: bool = False
-    identity: Recorded = "stat"
+    identity: SourceCheck = "stat"
     tokens: list[int] | None = None
     schema: Schema | None = None
     names: tuple[str, ...] | None = None
@@ -269,7 +266,7 @@ def source_identity(task: ShardTask, i: int, key: str) -> tuple[int, int, int]:
     if task.identity == "token":
         assert task.tokens is not None
         return -1, int(np.uint64(task.tokens[i]).view(np.int64)), 0
-    return identify(key, content=task.hash_sources)
+    return identify(key, content=task.identity == "content")
 
 
 def run_path(root: Path, name: str, k: int) -> Path:

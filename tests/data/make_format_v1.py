@@ -17,7 +17,7 @@ users write them), only through the public API:
 - ``cache/<namespace>/``: two :func:`~tensorstore_cache.cached` calls. The
   first computes ``a``, ``b`` and ``c`` (``c.bin`` holding ``c.first``); then
   ``c.bin`` gets the bytes of ``c.second`` and a later mtime, and the second
-  call (``check="hash"``) computes ``c`` again and ``d`` into a second part
+  call (``identity="content"``) computes ``c`` again and ``d`` into a second part
   that overrides the first for ``c`` and has a ``.source_xxh3`` side file.
   Two manifests, generations 1 and 2.
 
@@ -186,7 +186,7 @@ def build_all(root: Path) -> None:
         shutil.copyfile(ns / "c.second", ns / "c.bin")
         os.utime(ns / "c.bin", ns=(SECOND_NS, SECOND_NS))
         tsc.cached(list(SECOND_CALL), cache_dir=root / "cache", loader=NAMESPACE_LOADER,
-                   workers=1, progress=False, check="hash").close()
+                   workers=1, progress=False, identity="content").close()
 
 
 def main() -> None:

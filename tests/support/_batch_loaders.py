@@ -46,7 +46,8 @@ def value_of(item: str) -> np.ndarray:
 class Embed(tsc.BatchLoader):
     """One vector per item (:func:`value_of`); raises on a batch holding an item with ``bad``."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, **batching: Any) -> None:
+        super().__init__(**batching)
         self.where = where
         self.model: Any = None
 
@@ -90,8 +91,8 @@ class AfterCpuWorker(Embed):
     ones of earlier builds; at most ``wait_s``): a batch before that is impossible if the CPU
     workers start beside the device worker, and comes first if they start only after it."""
 
-    def __init__(self, where: str, seen: int, wait_s: float = 60.0) -> None:
-        super().__init__(where)
+    def __init__(self, where: str, seen: int, wait_s: float = 60.0, **batching: Any) -> None:
+        super().__init__(where, **batching)
         self.seen, self.wait_s = seen, wait_s
 
     def setup(self, device: str) -> None:
@@ -113,8 +114,8 @@ class Records(Embed):
     """A record per item: a fixed ``vec`` and a ragged ``ids`` (as a list, or a
     :class:`tsc.Ragged` batch with ``as_ragged``)."""
 
-    def __init__(self, where: str, as_ragged: bool = False) -> None:
-        super().__init__(where)
+    def __init__(self, where: str, as_ragged: bool = False, **batching: Any) -> None:
+        super().__init__(where, **batching)
         self.as_ragged = as_ragged
 
     def __call__(self, items: list[Any]) -> Any:
@@ -136,8 +137,8 @@ class FailingSetup(tsc.BatchLoader):
 class LoggedCoverEmbed(CoverEmbed):
     """The benchmark's CNN, logging every batch."""
 
-    def __init__(self, where: str) -> None:
-        super().__init__(threads=1)
+    def __init__(self, where: str, **batching: Any) -> None:
+        super().__init__(threads=1, **batching)
         self.where = where
 
     def setup(self, device: str) -> None:

@@ -57,10 +57,10 @@ def test_setup_once_per_device_worker_never_here_and_prepare_in_the_cpu_workers(
     tmp_path: Path, where: str
 ) -> None:
     keys = _keys(400)
-    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=Embed(where), loader_id="t/1",
-                            identity="none", prepare=Prepare(where, slow_in=os.getpid()),
-                            batch_size=16,
-                            devices=["dev0", "dev1", "dev0"], workers=2, progress=False)
+    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=Embed(
+                                where, prepare=Prepare(where, slow_in=os.getpid()), batch_size=16,
+                                devices=["dev0", "dev1", "dev0"]),
+                            loader_id="t/1", identity="none", workers=2, progress=False)
     # order kept, each key computed from its prepared item
     np.testing.assert_array_equal(store.stack(keys), np.stack([value_of(k + "!") for k in keys]))
     setups = events(where, "setup")
@@ -86,13 +86,14 @@ def test_a_failing_batch_is_retried_key_by_key(tmp_path: Path, where: str) -> No
     keys = _keys(40)
     keys[3], keys[17] = "bad3", "bad17"
     with pytest.raises(tsc.BuildError) as err:
-        tsc.build_store(keys, tmp_path / "s.tsc", loader=Embed(where), loader_id="t/1",
-                        identity="none", batch_size=8, workers=1, progress=False)
+        tsc.build_store(keys, tmp_path / "s.tsc", loader=Embed(where, batch_size=8),
+                        loader_id="t/1", identity="none", workers=1, progress=False)
     assert [k for k, _r in err.value.failures] == ["bad3", "bad17"]
     assert all("ValueError: a bad item among 1" in r for _k, r in err.value.failures)
-    store = tsc.build_store([*keys, "unprepared"], tmp_path / "t.tsc", loader=Embed(where),
-                            loader_id="t/1", identity="none", batch_size=8, workers=1,
-                            prepare=Prepare(where), on_error="skip", progress=False)
+    store = tsc.build_store([*keys, "unprepared"], tmp_path / "t.tsc",
+                            loader=Embed(where, batch_size=8, prepare=Prepare(where)),
+                            loader_id="t/1", identity="none", workers=1, on_error="skip",
+                            progress=False)
     assert [k for k, _r in store.spec.skipped] == ["bad3", "bad17", "unprepared"]
     assert "OSError: cannot prepare unprepared" in store.spec.skipped[2][1]
     good = [k for k in keys if "bad" not in k]
@@ -101,9 +102,8 @@ def test_a_failing_batch_is_retried_key_by_key(tmp_path: Path, where: str) -> No
 
 def test_wrong_number_of_rows_names_the_batch_first_key(tmp_path: Path, where: str) -> None:
     with pytest.raises(tsc.BuildError, match=r"leading dimension 3 .* batch of 4 items from 'k4'"):
-        tsc.build_store(_keys(12), tmp_path / "s.tsc", loader=ShortBatches(where),
-                        loader_id="t/1", identity="none", batch_size=4, workers=1,
-                        progress=False)
+        tsc.build_store(_keys(12), tmp_path / "s.tsc", loader=ShortBatches(where, batch_size=4),
+                        loader_id="t/1", identity="none", workers=1, progress=False)
     assert not (tmp_path / "s.tsc").exists()
 
 
@@ -118,8 +118,8 @@ def test_records_with_a_ragged_field(tmp_path: Path, where: str, as_ragged: bool
     keys = _keys(30)
     fields: dict[str, tsc.Fixed | tsc.Ragged] = {"vec": tsc.Fixed((4,), "float32"),
                                                   "ids": tsc.Ragged("int32")}
-    store = tsc.cached(keys, loader=Records(where, as_ragged), loader_id="t.rec/1",
-                       identity="none", fields=fields, batch_size=7, workers=1,
+    store = tsc.cached(keys, loader=Records(where, as_ragged, batch_size=7),
+                       loader_id="t.rec/1", identity="none", fields=fields, workers=1,
                        progress=False)
     for key in keys:
         record = store[key]
@@ -131,12 +131,12 @@ def test_records_with_a_ragged_field(tmp_path: Path, where: str, as_ragged: bool
 def test_the_schema_comes_from_the_first_batch_computed_once(tmp_path: Path, where: str) -> None:
     keys = _keys(20)  # k0..k9 get 3 ids, k10..k19 get 4
     with pytest.raises(tsc.BuildError) as err:  # inferred from k0's record: both fields fixed
-        tsc.cached(keys, loader=Records(where), loader_id="t.rec/2", identity="none",
-                   fields=("vec", "ids"), batch_size=8, workers=1, progress=False)
+        tsc.cached(keys, loader=Records(where, batch_size=8), loader_id="t.rec/2",
+                   identity="none", fields=("vec", "ids"), workers=1, progress=False)
     assert [k for k, _r in err.value.failures] == keys[10:]
     assert "field 'ids' must have shape (3,)" in err.value.failures[0][1]
-    store = tsc.cached(keys, loader=Embed(where), loader_id="t.vec/1", identity="none",
-                       batch_size=8, workers=1, progress=False)
+    store = tsc.cached(keys, loader=Embed(where, batch_size=8), loader_id="t.vec/1",
+                       identity="none", workers=1, progress=False)
     assert store.spec.item_shape == (4,)
     # the first batch, which gave the shape, was stored as computed: no key twice
     assert sum(int(n) for _pid, n, _first in events(where, "batch")) == 2 * len(keys)
@@ -144,19 +144,19 @@ def test_the_schema_comes_from_the_first_batch_computed_once(tmp_path: Path, whe
 
 def test_batch_options_belong_to_batch_loaders(tmp_path: Path, where: str) -> None:
     out = tmp_path / "s.tsc"
-    with pytest.raises(TypeError, match=r"batch_size applies to a tensorstore_cache\.BatchLoader"):
-        tsc.build_store(["a"], out, loader=value_of, batch_size=4)
-    with pytest.raises(TypeError, match="prepare, devices apply"):
-        tsc.cached(["a"], prepare=str, devices=["cpu"])
+    with pytest.raises(TypeError, match="batch_size"):
+        tsc.build_store(["a"], out, loader=value_of, batch_size=4)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="prepare"):
+        tsc.cached(["a"], prepare=str, devices=["cpu"])  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="executor="):
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1) as pool:
             tsc.cached(["a"], loader=Embed(where), loader_id="t/1", executor=pool)
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
-        tsc.cached(["a"], loader=Embed(where), loader_id="t/1", batch_size=0)
+        tsc.cached(["a"], loader=Embed(where, batch_size=0), loader_id="t/1")
     with pytest.raises(ValueError, match="devices must name at least one device"):
-        tsc.cached(["a"], loader=Embed(where), loader_id="t/1", devices=[])
+        tsc.cached(["a"], loader=Embed(where, devices=[]), loader_id="t/1")
     assert not out.exists() and events(where, "setup") == []
 
 
@@ -164,8 +164,8 @@ def _racer(cache: str, paths: list[str], where: str, barrier: Any, out: str) -> 
     from benchmarks.embed.embed_model import decode
 
     barrier.wait()
-    store = tsc.cached(paths, cache_dir=cache, loader=LoggedCoverEmbed(where), prepare=decode,
-                       batch_size=16, workers=1, progress=False)
+    store = tsc.cached(paths, cache_dir=cache, loader=LoggedCoverEmbed(where, prepare=decode, batch_size=16),
+                       workers=1, progress=False)
     np.save(out, store.stack(paths))
 
 
@@ -199,10 +199,10 @@ def test_a_real_model_raced_by_four_processes(tmp_path: Path, where: str) -> Non
 
 def test_an_incremental_add_computes_only_the_new_keys(tmp_path: Path, where: str) -> None:
     keys = _keys(50)
-    tsc.cached(keys[:20], loader=Embed(where), loader_id="t.inc/1", identity="none",
-               batch_size=8, workers=1, progress=False)
-    store = tsc.cached(keys, loader=Embed(where), loader_id="t.inc/1", identity="none",
-                       batch_size=8, workers=1, progress=False)
+    tsc.cached(keys[:20], loader=Embed(where, batch_size=8), loader_id="t.inc/1",
+               identity="none", workers=1, progress=False)
+    store = tsc.cached(keys, loader=Embed(where, batch_size=8), loader_id="t.inc/1",
+                       identity="none", workers=1, progress=False)
     np.testing.assert_array_equal(store.stack(keys), np.stack([value_of(k) for k in keys]))
     firsts = [first for _pid, _n, first in events(where, "batch")]
     assert sum(int(n) for _pid, n, _first in events(where, "batch")) == len(keys)
@@ -217,8 +217,8 @@ def test_cpu_workers_wait_for_a_slow_device_worker_when_nothing_is_probed(
 
     monkeypatch.setenv("TSC_TEST_SLOW_IMPORT", "3")  # the device worker's import, not ours
     keys = _keys(300)
-    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=SlowStart(), loader_id="slow/1",
-                            identity="none", batch_size=8, workers=2, progress=False)
+    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=SlowStart(batch_size=8),
+                            loader_id="slow/1", identity="none", workers=2, progress=False)
     np.testing.assert_array_equal(store.stack(keys)[:, 0], np.arange(300, dtype=np.float32))
 
 
@@ -227,8 +227,8 @@ def test_a_result_that_cannot_be_sent_back_is_an_error_not_a_hang(tmp_path: Path
         "import tensorstore_cache as tsc\n"
         "from tests.support._slow_start import Unsendable\n"
         "try:\n"
-        f"    tsc.build_store(['k1', 'k2', 'k3'], {str(tmp_path / 's.tsc')!r}, loader=Unsendable(),"
-        " loader_id='u/1', identity='none', batch_size=2, workers=1, progress=False)\n"
+        f"    tsc.build_store(['k1', 'k2', 'k3'], {str(tmp_path / 's.tsc')!r}, loader=Unsendable("
+        "batch_size=2), loader_id='u/1', identity='none', workers=1, progress=False)\n"
         "except tsc.BuildError as err:\n"
         "    print(err)\n"
     )
@@ -296,8 +296,8 @@ def test_a_device_worker_ends_with_its_atexit_handlers_run_and_its_files_flushed
     # a device worker skips the interpreter's teardown once it has served its build:
     # what the loader wrote to a file it never closed, and its atexit handlers, still count
     keys = _keys(100)
-    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=Leaves(where), loader_id="t/1",
-                            identity="none", batch_size=16, workers=1, progress=False)
+    store = tsc.build_store(keys, tmp_path / "s.tsc", loader=Leaves(where, batch_size=16),
+                            loader_id="t/1", identity="none", workers=1, progress=False)
     np.testing.assert_array_equal(store.stack(keys), np.stack([value_of(k) for k in keys]))
     (pid, _device, _attr), = events(where, "setup")
     lines = (Path(where) / "kept.txt").read_text().splitlines()
@@ -317,14 +317,14 @@ def test_device_workers_wait_passively_and_keep_memory_unless_told_otherwise(
 ) -> None:
     for name in ("OMP_WAIT_POLICY", "GLIBC_TUNABLES", "LD_PRELOAD", *MALLOC_VARIABLES):
         monkeypatch.delenv(name, raising=False)
-    tsc.build_store(_keys(10), tmp_path / "s.tsc", loader=Leaves(where), loader_id="t/1",
-                    identity="none", batch_size=4, workers=1, progress=False)
+    tsc.build_store(_keys(10), tmp_path / "s.tsc", loader=Leaves(where, batch_size=4),
+                    loader_id="t/1", identity="none", workers=1, progress=False)
     # the user's settings win: glibc's trim threshold alone leaves every large block mapped
     # and unmapped again
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
-    tsc.build_store(_keys(10), tmp_path / "t.tsc", loader=Leaves(where), loader_id="t/1",
-                    identity="none", batch_size=4, workers=1, progress=False)
+    tsc.build_store(_keys(10), tmp_path / "t.tsc", loader=Leaves(where, batch_size=4),
+                    loader_id="t/1", identity="none", workers=1, progress=False)
     assert events(where, "omp") == [["PASSIVE"], ["ACTIVE"]]
     if not _glibc():
         return
@@ -364,12 +364,11 @@ def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(
     # shards the pool takes first: taken before); ten (taken once the pool has its first)
     for name, n in (("one", 60), ("few", 150), ("many", 600)):
         keys = [f"{name}{i}" for i in range(n)]
-        loader = AfterCpuWorker(where, len(events(where, "started")), wait_s=20) \
-            if name == "many" else Embed(where)
+        batching: dict[str, Any] = {"prepare": Prepare(where, slow_in=main), "batch_size": 8}
+        loader = AfterCpuWorker(where, len(events(where, "started")), wait_s=20, **batching) \
+            if name == "many" else Embed(where, **batching)
         store = tsc.build_store(keys, tmp_path / f"{name}.tsc", loader=loader,
-                                loader_id="t/1", identity="none",
-                                prepare=Prepare(where, slow_in=main), batch_size=8,
-                                workers=2, progress=False)
+                                loader_id="t/1", identity="none", workers=2, progress=False)
         np.testing.assert_array_equal(store.stack(keys),
                                       np.stack([value_of(k + "!") for k in keys]))
         pids = {int(pid) for pid, key in events(where, "prepare") if key.startswith(name)}

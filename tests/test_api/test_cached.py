@@ -17,6 +17,7 @@ import tensorstore_cache as tsc
 from tensorstore_cache.cache.compact import MAX_PARTS, merge_start
 from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs.locks import ExclusiveLock
+from tensorstore_cache.reader import view_of
 
 from ..conftest import gc_under_reader, write_images
 from ..support._cache_loaders import LogLoader, expected, log_lines, vector_of, write_sources
@@ -33,7 +34,7 @@ def namespaces(cache: Path) -> list[Path]:
 
 
 def live_parts(store: tsc.CacheStore) -> int:
-    return len(store.segments)
+    return len(view_of(store).segments)
 
 
 @pytest.fixture
@@ -243,12 +244,12 @@ def test_hash_check_ignores_touch_and_catches_hidden_edits(tmp_path: Path, cache
     keys = write_sources(tmp_path / "src", 5)
     log = tmp_path / "log"
     loader = LogLoader(log)
-    tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, check="hash")
+    tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, identity="content")
     st = os.stat(keys[0])
     os.utime(keys[0], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched, same bytes
-    store = tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, check="hash")
-    assert sum(calls(log).values()) == 5, "a touched file is not recomputed under check='hash'"
-    assert store.stale(check="stat") == [keys[0]] and store.stale(check="hash") == []
+    store = tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, identity="content")
+    assert sum(calls(log).values()) == 5, "a touched file is not recomputed under identity='content'"
+    assert store.stale(identity="stat") == [keys[0]] and store.stale(identity="content") == []
     # same size, same mtime, other bytes: only the hash sees it
     st = os.stat(keys[1])
     data = bytearray(Path(keys[1]).read_bytes())
@@ -256,15 +257,15 @@ def test_hash_check_ignores_touch_and_catches_hidden_edits(tmp_path: Path, cache
     Path(keys[1]).write_bytes(bytes(data))
     os.utime(keys[1], ns=(st.st_atime_ns, st.st_mtime_ns))
     assert tsc.cached(keys, cache_dir=cache, loader=loader, progress=False).stale() == []
-    store = tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, check="hash")
+    store = tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, identity="content")
     assert calls(log)[keys[1]] == 2
     np.testing.assert_array_equal(store[keys[1]], vector_of(bytes(data)))
-    with pytest.raises(ValueError, match="check"):
-        tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, check="mtime")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="identity"):
+        tsc.cached(keys, cache_dir=cache, loader=loader, progress=False, identity="mtime")  # type: ignore[arg-type]
 
 
 def test_stat_many_threaded_path_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorstore_cache.reader import sources as _stale
+    from tensorstore_cache.fs import sources as _stale
 
     keys = write_sources(tmp_path / "src", 30)
     many = [keys[i % 30] if i % 7 else str(tmp_path / f"gone{i}") for i in range(5000)]
@@ -340,7 +341,7 @@ def test_many_increments_are_merged(tmp_path: Path, cache: Path) -> None:
     old = first_gen[0]
     removed = tsc.gc(cache, grace=0)
     np.testing.assert_array_equal(old.take(old.rows(keys[1:33])), expected(keys[1:33]))
-    held = {str(seg.root) for seg in old.segments}
+    held = {str(seg.root) for seg in view_of(old).segments}
     assert held and not held & {r.path for r in removed}
     assert all(Path(p).exists() for p in held)
     old.close()
@@ -362,7 +363,7 @@ def test_many_stale_entries_trigger_a_full_merge(tmp_path: Path, cache: Path) ->
         Path(k).write_bytes(b"v2 " + k.encode())
     store = tsc.cached(keys, cache_dir=cache, loader=loader, progress=False)
     assert live_parts(store) == 1 and len(store) == 20
-    assert store.segments[0].n == 20, "the overridden rows are gone from the merged part"
+    assert view_of(store).segments[0].n == 20, "the overridden rows are gone from the merged part"
     np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
     assert store.stale() == []
 

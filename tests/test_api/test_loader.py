@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageCms
 
+import tensorstore_cache as tsc
 from tensorstore_cache import loaders as _loader
 from tensorstore_cache.loaders import LOADER_ID, ImageLoader, to_float32
 
@@ -553,3 +554,18 @@ def test_docstring_examples() -> None:
     result = doctest.testmod(_loader, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_size_with_a_custom_loader_is_refused_by_name(tmp_path: Path) -> None:
+    def double(path: str) -> np.ndarray:
+        return np.zeros(2, np.float32)
+
+    with pytest.raises(TypeError, match=r"size=\(8, 8\) was provided but unused"):
+        tsc.build_store(["a"], tmp_path / "s.tsc", loader=double, size=(8, 8), progress=False)
+    with pytest.raises(TypeError, match=r"size=\(8, 8\) was provided but unused"):
+        tsc.cached(["a"], cache_dir=tmp_path / "c", loader=double, loader_id="d/1",
+                   size=(8, 8), identity="none", progress=False)
+    assert not (tmp_path / "s.tsc").exists() and not (tmp_path / "c").exists()
+    store = tsc.cached(["a"], cache_dir=tmp_path / "c", loader=double, loader_id="d/1",
+                       identity="none", workers=1, progress=False)
+    assert store.spec.item_shape == (2,)

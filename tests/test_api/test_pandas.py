@@ -194,6 +194,7 @@ import json, sys
 from pathlib import Path
 import pandas as pd
 import tensorstore_cache as tsc
+from tensorstore_cache.reader import view_of
 from tests.test_api.test_pandas import FIELDS, CoverRecord
 
 cache, table = sys.argv[1], sys.argv[2]
@@ -204,7 +205,7 @@ frame = store.frame(df["img_path"])
 print(json.dumps({"titles": frame["title"].tolist(), "ratings": frame["rating"].tolist(),
                   "ids": [v.tolist() for v in frame["title_ids"]],
                   "pixels": int(sum(int(v.sum()) for v in frame["image"])),
-                  "parts": len(store.segments)}))
+                  "parts": len(view_of(store).segments)}))
 """
 
 

@@ -24,6 +24,7 @@ import xxhash
 import zarr
 
 import tensorstore_cache as tsc
+from tensorstore_cache.reader import view_of
 
 from ..data.make_format_v1 import (
     DATA,
@@ -96,7 +97,7 @@ def test_a_store_of_format_1_returns_its_vectors(data: Path, name: str) -> None:
             assert store[key].tobytes() == (data / key).read_bytes(), key
         batch = store.take(store.rows(kept[::-1]))
         assert exact(batch, np.stack([expected[k] for k in kept[::-1]]))
-        recorded = store.source_identity(store.rows(kept))
+        recorded = view_of(store).source_identity(store.rows(kept))
         assert recorded.size.tolist() == [(data / k).stat().st_size for k in kept]
         assert recorded.mtime_ns.tolist() == [FIRST_NS] * len(kept)
         assert tsc.verify_store(store).ok
@@ -110,7 +111,7 @@ def test_a_store_of_format_1_returns_its_vectors(data: Path, name: str) -> None:
 def test_a_namespace_of_format_1_returns_its_latest_vectors(data: Path) -> None:
     ns = data / "sources" / "ns"
     with tsc.open_store(namespace_dir(data)) as store:
-        assert len(store.segments) == 2
+        assert len(view_of(store).segments) == 2
         assert sorted(store.paths) == sorted(NS_KEYS)
         assert store.spec.format_version == 1 and store.spec.item_shape == (3,)
         for key in NS_KEYS:
@@ -120,10 +121,10 @@ def test_a_namespace_of_format_1_returns_its_latest_vectors(data: Path) -> None:
         assert not exact(second, first)
         assert exact(store["sources/ns/c.bin"], second)
         rows = store.rows(list(NS_KEYS))
-        recorded = store.source_identity(rows, content_hash=True)
+        recorded = view_of(store).source_identity(rows, content_hash=True)
         assert recorded.mtime_ns.tolist() == [FIRST_NS, FIRST_NS, SECOND_NS, FIRST_NS]
         assert recorded.content_hash is not None
-        # the second call used check="hash": its part records the content of c and d
+        # the second call used identity="content": its part records the content of c and d
         hashes = [0, 0] + [xxhash.xxh3_64_intdigest((data / k).read_bytes()) for k in NS_KEYS[2:]]
         assert recorded.content_hash.tolist() == hashes
         assert tsc.verify_store(store).ok
@@ -142,11 +143,11 @@ def test_cached_reuses_a_namespace_of_format_1(
     before = sorted(p.name for p in (ns / "parts").iterdir())
     manifests = sorted(p.name for p in (ns / "manifests").iterdir())
     monkeypatch.chdir(data)
-    for check in ("stat", "hash"):
+    for identity in ("stat", "content"):
         with tsc.cached(list(NS_KEYS), cache_dir=data / "cache", loader=NAMESPACE_LOADER,
-                        workers=1, progress=False, check=check) as store:
+                        workers=1, progress=False, identity=identity) as store:
             assert sorted(store.paths) == sorted(NS_KEYS)
-            assert store.stale(check=check) == []
+            assert store.stale(identity=identity) == []
             for key in NS_KEYS:
                 assert exact(store[key], NAMESPACE_LOADER(key)), key
     # nothing was computed again: the same parts and manifests

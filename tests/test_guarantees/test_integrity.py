@@ -30,6 +30,7 @@ import pytest
 import tensorstore_cache as tsc
 from tensorstore_cache import verify_store
 from tensorstore_cache.format.verify import verify_segment
+from tensorstore_cache.reader import view_of
 
 from ..support._stores import layered
 
@@ -352,7 +353,7 @@ def test_verify_checks_every_segment_of_a_layered_store(tmp_path: Path) -> None:
     tsc.build_store(_keys(N)[90:], b, loader=_vec, loader_id="vec/1", workers=1,
                     progress=False, identity="none").close()
     store = layered(a, b)
-    segments = list(store.segments)
+    segments = list(view_of(store).segments)
     assert len(store) == N
     store.verify()
     report = verify_store(store)

@@ -74,11 +74,11 @@ def only_namespace(cache: Path) -> Path:
 
 
 def get(cache: str, keys: list[str], log: str, share: str | int | None = None,
-        gate: Gate | None = None, check: str = "stat") -> Any:
+        gate: Gate | None = None, identity: str = "stat") -> Any:
     if gate is not None:
         gate.wait()
     with tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), workers=1, progress=False,
-                    share_with=share, check=check) as store:  # type: ignore[arg-type]
+                    share_with=share, identity=identity) as store:  # type: ignore[arg-type]
         return np.array(store.take(store.rows(keys)))
 
 

@@ -21,6 +21,7 @@ import pytest
 import tensorstore_cache as tsc
 from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs.locks import ExclusiveLock
+from tensorstore_cache.reader import view_of
 
 from ..support._cache_loaders import LogLoader, expected, log_lines, write_sources
 
@@ -72,7 +73,7 @@ def test_eight_racers_compute_every_item_once(tmp_path: Path, method: str) -> No
         np.testing.assert_array_equal(got, want)
     store = tsc.cached(keys, cache_dir=tmp_path / "cache", loader=LogLoader(tmp_path / "log"),
                        progress=False)
-    assert len(store) == len(keys) and len(store.segments) == 1
+    assert len(store) == len(keys) and len(view_of(store).segments) == 1
 
 
 def test_overlapping_requests_compute_each_item_once(tmp_path: Path) -> None:

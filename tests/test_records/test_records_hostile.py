@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorstore_cache as tsc
+from tensorstore_cache.reader import view_of
 
 from ..support._records import BOX_FIELDS, RecordLoader, write_sources
 from ..support.strategies import mutated_json
@@ -63,6 +64,7 @@ def _write_words(path: Path, at: int, words: list[int], dtype: str) -> None:
 
 EXERCISE = r"""
 import sys, json, numpy as np, tensorstore_cache as tsc
+from tensorstore_cache.reader import view_of
 out = {}
 try:
     store = tsc.open_store(sys.argv[1])
@@ -70,7 +72,7 @@ try:
     for name in ("title_ids", "boxes", "pic", "title"):
         f = store.field(name)
         for row in range(n):
-            f.vector(row)
+            view_of(f).vector(row)
         f.take(np.arange(n))
     store.take(np.arange(n))
     out["read"] = "ok"
@@ -170,7 +172,7 @@ def _read_in_process(root: Path) -> str:
             n = len(store)
             store.take(np.arange(n))
             for row in range(0, n, 7):
-                store.vector(row)
+                view_of(store).vector(row)
         return "ok"
     except tsc.TensorStoreCacheError as exc:
         return type(exc).__name__

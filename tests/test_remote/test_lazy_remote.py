@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
+from tensorstore_cache.reader import view_of
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -413,7 +414,7 @@ def test_the_cap_evicts_least_recently_used_shards_never_mapped_ones(
         for h in range(4):
             holder = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"],
                                     max_bytes=cap)
-            budget = holder.segments[0].vectors.budget
+            budget = view_of(holder).segments[0].vectors.budget
             assert budget is not None and 4 * budget > 10  # four of them map more than the cap
             rows = (100 + h * budget + np.arange(budget)) * ROWS
             np.testing.assert_array_equal(holder.take(rows), expected(rows))
@@ -442,7 +443,7 @@ def test_a_full_pass_under_a_cap_of_ten_shards_releases_what_it_no_longer_reads(
         index = _cache_bytes(cache)  # metadata and index: fetched by this first open
     cap = index + 10 * shard
     store = tsc.open_store(URL, cache_dir=cache, storage_options=big["options"], max_bytes=cap)
-    budget = store.segments[0].vectors.budget
+    budget = view_of(store).segments[0].vectors.budget
     assert budget is not None and 1 <= budget < 10
     # an epoch in shuffled shard order (rows shuffled within groups of 4 shards), batches of 256
     rng = np.random.default_rng(0)
@@ -457,7 +458,7 @@ def test_a_full_pass_under_a_cap_of_ten_shards_releases_what_it_no_longer_reads(
             rows = order[start : start + 256]
             np.testing.assert_array_equal(store.take(rows), expected(rows))
             assert _cache_bytes(cache) <= cap  # nothing else maps: the cap holds
-            assert len(store.segments[0].supply.holds.held) <= budget  # type: ignore[union-attr]
+            assert len(view_of(store).segments[0].supply.holds.held) <= budget  # type: ignore[union-attr]
         v = store[key(7)]
         assert v.base is None  # a copy: nothing the user holds points into a released shard
         np.testing.assert_array_equal(v, cover(key(7)))

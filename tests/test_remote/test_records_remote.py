@@ -29,6 +29,7 @@ import pytest
 import tensorstore_cache as tsc
 from benchmarks.common.s3server import S3Process
 from tensorstore_cache.format.metadata import GroupMetadata, fetched_files
+from tensorstore_cache.reader import view_of
 
 from ..conftest import assert_same_batch
 from ..support import _records
@@ -81,7 +82,7 @@ def _files_of(meta: GroupMetadata, offsets: dict[str, np.ndarray], rows: list[in
 
 def _offsets(local: Path) -> dict[str, np.ndarray]:
     with tsc.open_store(local) as store:
-        return {f.name: np.array(store.segments[0].ragged(f.name).offsets)
+        return {f.name: np.array(view_of(store).segments[0].ragged(f.name).offsets)
                 for f in store.spec.fields if f.kind != "fixed"}
 
 
@@ -237,10 +238,10 @@ def test_a_capped_node_cache_holds_while_every_record_is_read(
     assert everything > 2 * (cap - index)  # the data does not fit: files are evicted
     store = tsc.open_store(URL, cache_dir=cache, storage_options=uploaded["options"],
                            max_bytes=cap)
-    arrays = store.segments[0].arrays
+    arrays = view_of(store).segments[0].arrays
     shares = {name: a.budget for name, a in arrays.items()}
     assert all(s is not None and s >= 1 for s in shares.values())
-    holds = store.segments[0].supply.holds  # type: ignore[union-attr]
+    holds = view_of(store).segments[0].supply.holds  # type: ignore[union-attr]
     for start in range(0, N, 128):  # an epoch in row order, batches of 128
         rows = np.arange(start, min(N, start + 128))
         assert_same_batch(store.take(rows), reference.take(rows))

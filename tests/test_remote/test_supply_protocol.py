@@ -39,6 +39,7 @@ from tensorstore_cache.format.metadata import (
 )
 from tensorstore_cache.fs import RangeHolds
 from tensorstore_cache.fs.trust import Trust
+from tensorstore_cache.reader import view_of
 from tensorstore_cache.reader.assembly import SegmentSource, assemble
 from tensorstore_cache.reader.store import CacheStore
 from tensorstore_cache.reader.supply import FetchStats, ShardSupply
@@ -316,7 +317,7 @@ def test_record_reads_through_a_supply_are_right_and_keep_the_protocol(
     (rec,) = made
     ranges = _ranges(reference.spec)
     assert all(len(r) >= 5 for r in ranges.values()), ranges  # several files every field
-    shares = {name: array.budget for name, array in store.segments[0].arrays.items()}
+    shares = {name: array.budget for name, array in view_of(store).segments[0].arrays.items()}
     if budget is None:
         assert set(shares.values()) == {None}
     else:  # the fields share the supply's budget
@@ -369,7 +370,7 @@ def test_a_record_read_asks_for_only_the_files_holding_it(
         if layout.kind == "fixed":
             want.add(ranges[layout.name][row // layout.rows_per_shard])
         else:
-            start, stop = reference.segments[0].ragged(layout.name).spans(np.array([row]))
+            start, stop = view_of(reference).segments[0].ragged(layout.name).spans(np.array([row]))
             if stop[0] > start[0]:
                 first, last = int(start[0]) // layout.chunk, int(stop[0] - 1) // layout.chunk
                 want.update(ranges[layout.name][first : last + 1])

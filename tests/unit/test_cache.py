@@ -10,7 +10,7 @@ from tensorstore_cache.cache.cached import CacheOptions, cached_store
 from tensorstore_cache.cache.compact import MAX_PARTS, merge_start
 from tensorstore_cache.cache.fingerprint import canonical_json, fingerprint, namespace_name
 from tensorstore_cache.loaders import ImageLoader, resolve_loader
-from tensorstore_cache.writer.builder import BuildOptions
+from tensorstore_cache.writer.options import BuildOptions
 
 
 def test_namespace_names_are_those_earlier_releases_wrote() -> None:

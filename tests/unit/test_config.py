@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tensorstore_cache import config
-from tensorstore_cache.config import Check, Missing, OnError, OnStale, check_mode
+from tensorstore_cache.config import IdentityKind, Missing, OnError, OnStale, check_mode
 from tensorstore_cache.loaders import LOADER_ID, ImageLoader, LoaderInfo, resolve_loader
 
 
@@ -19,7 +19,7 @@ from tensorstore_cache.loaders import LOADER_ID, ImageLoader, LoaderInfo, resolv
     ("mode", "good", "shown"),
     [
         (OnError, "skip", "'raise' or 'skip'"),
-        (Check, "hash", "'stat' or 'hash'"),
+        (IdentityKind, "content", "'stat', 'content' or 'none'"),
         (OnStale, "ignore", "'rebuild', 'raise' or 'ignore'"),
         (Missing, "ignore", "'raise' or 'ignore'"),
     ],

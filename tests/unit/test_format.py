@@ -17,6 +17,7 @@ from tensorstore_cache.errors import CorruptStoreError
 from tensorstore_cache.format import hashes, keys, metadata, shard
 from tensorstore_cache.format.metadata import GroupMetadata
 from tensorstore_cache.format.verify import verify_segments
+from tensorstore_cache.reader import view_of
 
 from ..support.strategies import source_paths
 
@@ -167,7 +168,7 @@ def test_hash_side_file(tmp_path: Path) -> None:
 
 def test_verify_segments_reports_every_segment(store_dir: Path) -> None:
     with tsc.open_store(store_dir) as store:
-        seg = store.segments[0]
+        seg = view_of(store).segments[0]
         assert verify_segments("both", [seg, seg]).files_checked == 2 * len(seg.files)
         shard_file = store_dir / metadata.shard_key(seg.spec, 0)
         data = bytearray(shard_file.read_bytes())

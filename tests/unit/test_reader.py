@@ -21,13 +21,15 @@ from tensorstore_cache.format.keys import key_layout
 from tensorstore_cache.format.metadata import shard_count, shard_key
 from tensorstore_cache.fs.trust import Trust
 from tensorstore_cache.reader import keyindex as keyindex_module
-from tensorstore_cache.reader import store as store_module
+from tensorstore_cache.reader import lookup as lookup_module
+from tensorstore_cache.reader import view_of
 from tensorstore_cache.reader.assembly import SegmentSource, assemble, open_directory
 from tensorstore_cache.reader.keyindex import all_same, same_bytes
 from tensorstore_cache.reader.overlay import Overlay
 from tensorstore_cache.reader.segment import Segment
 from tensorstore_cache.reader.store import CacheStore
 from tensorstore_cache.reader.supply import FetchStats
+from tensorstore_cache.reader.view import StoreView
 
 from ..support._cache_loaders import LogLoader, expected, write_sources
 from ..support._loaders import Filled
@@ -148,15 +150,15 @@ def test_one_segment_is_the_trivial_overlay(tmp_path: Path) -> None:
 def test_later_segments_win_and_rows_number_live_entries(tmp_path: Path) -> None:
     store = layered(_build(tmp_path / "a.tsc", ["k1", "k2", "k3"]),
                     _build(tmp_path / "b.tsc", ["k2", "k4"]))
-    old, new = store.segments
+    old, new = view_of(store).segments
     assert len(store) == 4 and store.paths == ["k1", "k3", "k2", "k4"]
     assert store.rows(["k2", "k1", "k4"]).tolist() == [2, 0, 3]
-    seg_of, local = store.locate(np.array([0, 1, 2, 3], np.int64))
+    seg_of, local = view_of(store).locate(np.array([0, 1, 2, 3], np.int64))
     assert seg_of.tolist() == [0, 0, 1, 1] and local.tolist() == [0, 2, 0, 1]
-    assert store.segments == (old, new)
-    assert float(store.vector(2)[0]) == 2.0 and float(store["k3"][0]) == 3.0
+    assert view_of(store).segments == (old, new)
+    assert float(view_of(store).vector(2)[0]) == 2.0 and float(store["k3"][0]) == 3.0
     with pytest.raises(IndexError, match="row 4 is out of range"):
-        store.vector(4)
+        view_of(store).vector(4)
     store.close()
 
 
@@ -177,7 +179,7 @@ def test_bulk_lookups_find_the_newest_entry_whatever_the_segment_sizes(tmp_path:
         assert rows.tolist() == one_by_one
         assert [store.paths[r] for r in rows.tolist() if r >= 0] == [k for k in keys if k in store]
         # k20..k24 come from the newest (smallest) segment, whose vectors are negative
-        assert all(float(store.vector(r)[0]) < 0 for r in store.rows(["k20", "k24"]).tolist())
+        assert all(float(view_of(store).vector(r)[0]) < 0 for r in store.rows(["k20", "k24"]).tolist())
         assert float(store["k12"][0]) == 12.0 and float(store["k3"][0]) == 3.0
     finally:
         store.close()
@@ -188,7 +190,7 @@ def test_rows_of_repeated_paths_equal_the_rows_of_each_path(
 ) -> None:
     # absolute cover-like paths over several lookup steps, with repeats, paths that need
     # normalising and absent paths in the same step
-    monkeypatch.setattr(store_module, "_ROWS_CHUNK", 64)
+    monkeypatch.setattr(lookup_module, "_ROWS_CHUNK", 64)
     keys = [f"/data/covers/images/{i % 13:02x}/{i % 7:02x}/{i:010d}.01.THUMBZZZ.jpg.k{i}"
             for i in range(400)]
     store = layered(_build(tmp_path / "a.tsc", keys[:300]), _build(tmp_path / "b.tsc", keys[250:]))
@@ -246,11 +248,11 @@ def test_source_identity_is_what_the_build_recorded(tmp_path: Path) -> None:
         (src / f"k{i}").write_bytes(b"x" * (i + 1))
         paths.append(str(src / f"k{i}"))
     with _open(_build(tmp_path / "s.tsc", paths, identity="stat")) as store:
-        ident = store.source_identity(np.array([2, 0], np.int64), content_hash=True)
+        ident = view_of(store).source_identity(np.array([2, 0], np.int64), content_hash=True)
         assert ident.size.tolist() == [3, 1]
         assert ident.mtime_ns.tolist() == [os.stat(paths[2]).st_mtime_ns, os.stat(paths[0]).st_mtime_ns]
         assert ident.content_hash is not None and ident.content_hash.tolist() == [0, 0]  # none recorded
-        assert store.source_identity(np.array([1], np.int64)).content_hash is None
+        assert view_of(store).source_identity(np.array([1], np.int64)).content_hash is None
 
 
 def test_stale_reads_the_recorded_identity_once(
@@ -263,14 +265,14 @@ def test_stale_reads_the_recorded_identity_once(
         (src / f"k{i}").write_bytes(b"x" * (i + 1))
         paths.append(str(src / f"k{i}"))
     asked: list[bool] = []
-    recorded = CacheStore.source_identity
+    recorded = StoreView.source_identity
 
-    def counted(self: CacheStore, rows: Any, *, content_hash: bool = False) -> Any:
+    def counted(self: StoreView, rows: Any, *, content_hash: bool = False) -> Any:
         asked.append(content_hash)
         return recorded(self, rows, content_hash=content_hash)
 
     with _open(_build(tmp_path / "s.tsc", paths, identity="stat")) as store:
-        monkeypatch.setattr(CacheStore, "source_identity", counted)
+        monkeypatch.setattr(StoreView, "source_identity", counted)
         (src / "k1").write_bytes(b"changed")
         assert store.stale() == [paths[1]]  # each entry judged as recorded: by stat
         assert asked == [True]  # one read, the content hashes of racily clean entries with it
@@ -463,9 +465,9 @@ def test_a_budget_gives_back_every_hold_a_failed_mapping_took() -> None:
 def test_rows_of_long_paths_go_in_smaller_steps_and_agree_with_a_dict(tmp_path: Path) -> None:
     # a step's temporaries grow with its paths' bytes: long paths take fewer per step
     keys = [f"{'long-directory-name/' * 20}k{i:05d}" for i in range(1500)]
-    assert store_module._step(keys) < store_module._ROWS_CHUNK
-    assert store_module._step([f"d/k{i}" for i in range(10)]) == store_module._ROWS_CHUNK
-    assert store_module._step([Path("a")] * 10) == store_module._ROWS_CHUNK
+    assert lookup_module._step(keys) < lookup_module._ROWS_CHUNK
+    assert lookup_module._step([f"d/k{i}" for i in range(10)]) == lookup_module._ROWS_CHUNK
+    assert lookup_module._step([Path("a")] * 10) == lookup_module._ROWS_CHUNK
     with tsc.open_store(_build(tmp_path / "s.tsc", keys)) as store:
         want = {k: i for i, k in enumerate(store.paths)}
         asked = [*keys[::-1], "./" + keys[3], "absent/one"]

@@ -1,0 +1,131 @@
+"""Batches of rows: a store's ``take`` (one gather per field) and the lengths of a ragged
+field's rows."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..format import Fixed, Text
+from .view import StoreView
+
+__all__ = ["check_rows", "lengths", "take", "take_field"]
+
+
+def check_rows(view: StoreView, rows: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """``rows`` as valid ``int64`` store rows of ``view``, else ``TypeError``/``IndexError``.
+
+    Parameters
+    ----------
+    view
+        The store.
+    rows
+        A 1-D array of row numbers.
+    """
+    idx = np.asarray(rows)
+    if idx.ndim != 1 or not (idx.dtype.kind in "iu" or idx.size == 0):
+        raise TypeError(f"rows must be a 1-D array of integers, got shape {idx.shape} {idx.dtype}")
+    n = len(view)
+    if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= n:  # before a cast wraps it
+        raise IndexError(f"row {int(idx.max())} is out of range for a store of {n} rows")
+    idx = idx.astype(np.int64, copy=False)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        bad = idx[(idx < 0) | (idx >= n)][0]
+        raise IndexError(f"row {int(bad)} is out of range for a store of {n} rows")
+    return idx
+
+
+def take(view: StoreView, rows: npt.ArrayLike, out: npt.NDArray[Any] | None) -> Any:
+    """Gather ``rows`` of ``view`` (see ``CacheStore.take``).
+
+    Parameters
+    ----------
+    view
+        The store (a field of it, or whole records).
+    rows
+        Row numbers, any order, repeats allowed.
+    out
+        A preallocated array to fill (a fixed field only), or None.
+    """
+    idx = check_rows(view, rows)
+    if view.kind != "fixed":
+        if out is not None:
+            raise TypeError(
+                "take(out=) fills an array of one fixed shape; a store of records (or a "
+                "ragged field) has none: use store.field(name).take(rows, out=) of a fixed field"
+            )
+        if view.field is None:
+            return {name: take_field(view, name, idx) for name in view.layouts}
+        return take_field(view, view.field, idx)
+    assert view.item_shape is not None and view.dtype is not None
+    shape = (len(idx), *view.item_shape)
+    if out is None:
+        out = np.empty(shape, dtype=view.dtype)
+    else:
+        if out.shape != shape or out.dtype != view.dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"out must be a C-contiguous {view.dtype} array of shape {shape}, got "
+                f"{out.dtype} {out.shape}"
+            )
+        if not out.flags.writeable:
+            raise ValueError("out is read-only")
+    if len(idx):
+        assert view.field is not None
+        view.overlay.gather(idx, out, view.field)
+    return out
+
+
+def take_field(view: StoreView, name: str, idx: npt.NDArray[np.int64]) -> Any:
+    """One field's batch of valid rows ``idx``.
+
+    Parameters
+    ----------
+    view
+        The store.
+    name
+        A field of its schema.
+    idx
+        Valid store rows.
+    """
+    f = view.layouts[name].field
+    if isinstance(f, Fixed):
+        out = np.empty((len(idx), *f.shape), dtype=np.dtype(f.dtype))
+        if len(idx):
+            view.overlay.gather(idx, out, name)
+        return out
+    values, offsets, shapes = view.gather_values(name, idx)
+    if isinstance(f, Text):
+        raw = values.tobytes()
+        bounds = offsets.tolist()
+        return [raw[a:b].decode("utf-8", "surrogateescape")
+                for a, b in itertools.pairwise(bounds)]
+    return f.of_arrays(values, offsets, shapes)
+
+
+def lengths(view: StoreView, name: str, rows: npt.ArrayLike | None) -> npt.NDArray[np.int64]:
+    """Every row's length in ragged or text field ``name`` (see ``CacheStore.lengths``).
+
+    Parameters
+    ----------
+    view
+        The store.
+    name
+        A ragged or text field.
+    rows
+        Row numbers (None: every row).
+    """
+    layout = view.layouts.get(name) if view.records else None
+    if layout is None or isinstance(layout.field, Fixed):
+        ragged = [n for n, f in view.layouts.items() if not isinstance(f.field, Fixed)]
+        raise TypeError(
+            f"lengths() needs a ragged or text field of a store of records; "
+            f"{view.location!r} has {ragged or 'none'}"
+        )
+    n = len(view)
+    idx = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise IndexError(f"a row of rows is out of range for a store of {n} rows")
+    return view.value_lengths(name, idx, first_dim=True)

@@ -170,10 +170,10 @@ _WRITER = re.compile(rb'"writer": "[^"]*"')
 _PART_ID = re.compile(r"[0-9a-f]{8,16}-[0-9a-f]{8}")
 
 
-def _files(root: Path) -> dict[str, bytes]:
+def _files(root: Path, generated: tuple[str, ...] = GENERATED) -> dict[str, bytes]:
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
-        for name in GENERATED
+        for name in generated
         for p in sorted((root / name).rglob("*"))
         if p.is_file()
     }
@@ -186,12 +186,12 @@ def _part_ids(root: Path) -> list[str]:
     return parts
 
 
-def _normalised(root: Path) -> dict[str, bytes]:
+def _normalised(root: Path, generated: tuple[str, ...] = GENERATED) -> dict[str, bytes]:
     """Every generated file, with the build times, writers and part ids replaced."""
     ids = _part_ids(root)
     assert len(ids) == 2 and all(_PART_ID.fullmatch(i) for i in ids)
     out: dict[str, bytes] = {}
-    for rel, raw in _files(root).items():
+    for rel, raw in _files(root, generated).items():
         for k, part in enumerate(ids):
             rel = rel.replace(part, f"<part{k}>")
             raw = raw.replace(part.encode(), f"<part{k}>".encode())

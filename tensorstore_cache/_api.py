@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 from . import config
 from .cache import CacheOptions, NamespaceDirectory, cached_store, is_namespace
 from .config import Identity, LocalCopy, OnError, OnStale, check_mode
-from .errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError
+from .errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError, warn_once
 from .format import (
     GROUP,
     Field,
@@ -248,12 +247,8 @@ def _check_cache_local(cache_dir: str | os.PathLike[str] | None, local_copy: Loc
     )
     if local_copy == "always":
         raise ValueError(message)
-    if str(where) not in _WARNED_CACHES:
-        _WARNED_CACHES.add(str(where))
-        warnings.warn(message, CacheLimitWarning, stacklevel=4)
-
-
-_WARNED_CACHES: set[str] = set()
+    warn_once(("node cache on a network filesystem", str(where)), message, CacheLimitWarning,
+              stacklevel=4)
 
 
 def build_store(
@@ -383,18 +378,8 @@ def build_store(
     check_mode("on_error", on_error, OnError)
     if type(shard_bytes) is not int or shard_bytes < 1:
         raise ValueError(f"shard_bytes must be a positive number of bytes, got {shard_bytes!r}")
-    url = out if isinstance(out, str) and is_url(out) else None
-    if url is not None:
-        local = file_url_path(url)
-        if local is not None:
-            out, url = local, None
-        else:
-            check_target(url, overwrite=overwrite, storage_options=storage_options)
-    if url is None:
-        _unused({"storage_options": storage_options, "share_with": share_with,
-                 "cache_dir": cache_dir},
-                f"{os.fspath(out)!r} is a local path: the store is written there, with your "
-                "umask's modes, and no node cache is involved")
+    out, url = _build_target(out, overwrite=overwrite, cache_dir=cache_dir,
+                             storage_options=storage_options, share_with=share_with)
     np_dtype = np.dtype(dtype).name
     schema, names = normalize_fields(fields)
     kind, token_fn = resolve_identity(identity)
@@ -430,6 +415,30 @@ def build_store(
                  storage_options=storage_options)
     return RemoteStore(url=url, cache_dir=None if cache_dir is None else os.fspath(cache_dir),
                        storage_options=storage_options, trust=trust).open()
+
+
+def _build_target(
+    out: str | os.PathLike[str],
+    *,
+    overwrite: bool,
+    cache_dir: str | os.PathLike[str] | None,
+    storage_options: dict[str, Any] | None,
+    share_with: str | int | None,
+) -> tuple[str | os.PathLike[str], str | None]:
+    """Where :func:`build_store` writes: ``(out, None)`` for a path (a ``file://`` URL made
+    one), ``(out, url)`` for a URL, checked; options that do not apply are refused."""
+    url = out if isinstance(out, str) and is_url(out) else None
+    if url is not None:
+        local = file_url_path(url)
+        if local is None:
+            check_target(url, overwrite=overwrite, storage_options=storage_options)
+            return out, url
+        out = local
+    _unused({"storage_options": storage_options, "share_with": share_with,
+             "cache_dir": cache_dir},
+            f"{os.fspath(out)!r} is a local path: the store is written there, with your "
+            "umask's modes, and no node cache is involved")
+    return out, None
 
 
 def cached(

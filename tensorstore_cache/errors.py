@@ -26,7 +26,8 @@ that the node cache of remote stores is over its cap, thrashing, or not local.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 __all__ = [
@@ -43,7 +44,35 @@ __all__ = [
     "StoreReplacedError",
     "TensorStoreCacheError",
     "UntrustedCacheError",
+    "warn_once",
 ]
+
+#: The causes warned about already in this process (see :func:`warn_once`).
+_WARNED: set[Hashable] = set()
+
+
+def warn_once(key: Hashable, message: str, category: type[Warning], *, stacklevel: int = 2) -> bool:
+    """Warn ``message`` unless this process warned of ``key`` already; return whether it did.
+
+    The one way the library says something once per cause (a store others can write, a node
+    cache on a network filesystem, a cap that everything mapped exceeds).
+
+    Parameters
+    ----------
+    key
+        The cause, e.g. ``("node-cache", path)``: each distinct key warns once.
+    message
+        What the warning says.
+    category
+        Its class.
+    stacklevel
+        As :func:`warnings.warn`'s, counted from the caller of this function.
+    """
+    if key in _WARNED:
+        return False
+    _WARNED.add(key)
+    warnings.warn(message, category, stacklevel=stacklevel + 1)
+    return True
 
 
 class TensorStoreCacheError(Exception):

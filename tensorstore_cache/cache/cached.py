@@ -24,8 +24,8 @@ from ..errors import BuildError, CorruptStoreError, StaleSourceError, StoreNotFo
 from ..format import write_hashes
 from ..fs import Holder, parse_temp, remove_tree
 from ..reader import CacheStore, open_directory, stale_keys, token_map, view_of
-from ..writer import BuildOptions, Schema, build, building, collect_debris
-from .compact import merge_start, write_merged
+from ..writer import BuildOptions, Schema, build, building, collect_debris, write_merged
+from .compact import merge_start
 from .fingerprint import fingerprint, namespace_name
 from .namespace import Manifest, Namespace
 

@@ -28,7 +28,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import stat
 import time
 from datetime import timedelta
@@ -42,6 +41,7 @@ from ..fs import (
     Trust,
     age_text,
     delete_tree,
+    discard_tree,
     disk_usage,
     parse_temp,
     resolve_trust,
@@ -194,7 +194,7 @@ def _tidy(ns: Namespace, grace: float, now: float, sweep: _Sweep) -> list[Remove
                     out.append(Removed(str(entry), "debris", before, "left by a dead builder"))
             elif (temp is not None and not dry_run and temp.stale(now - mtime(entry), grace)
                   and sweep.mine(entry)[0]):
-                shutil.rmtree(entry, ignore_errors=True)  # what a gc renamed aside
+                discard_tree(entry)  # what a gc renamed aside
             continue
         if name.endswith(HASH_SUFFIX):
             part = name[: -len(HASH_SUFFIX)]
@@ -357,7 +357,7 @@ def gc(
             temp = parse_temp(entry.name)
             trash = temp is not None and temp.stale(now - mtime(entry), grace_s)
             if trash and not dry_run and sweep.mine(entry)[0]:
-                shutil.rmtree(entry, ignore_errors=True)
+                discard_tree(entry)
     kept: list[tuple[float, int, Namespace]] = []
     for ns in namespaces(root, trust):
         lock = _lock(ns, sweep)

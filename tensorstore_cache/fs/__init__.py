@@ -55,11 +55,12 @@ if TYPE_CHECKING:
     from .ranges import RangeHolds, try_lock_range, unlock_range
     from .renames import exchange_dirs
     from .sizes import age_text, disk_usage
-    from .sources import hash_file, hash_many, identify, stat_many
+    from .sources import hash_many, identify, stat_many
     from .temp import (
         TempName,
         collect_temps,
         delete_tree,
+        discard_tree,
         parse_temp,
         remove_temps,
         remove_tree,
@@ -69,7 +70,6 @@ if TYPE_CHECKING:
         EXPLICIT,
         Trust,
         apply_modes,
-        check_fd,
         describe_owner,
         resolve_trust,
         user_name,
@@ -91,14 +91,14 @@ _MODULES = {
     ),
     "ranges": ("RangeHolds", "try_lock_range", "unlock_range"),
     "renames": ("exchange_dirs",),
-    "sources": ("hash_file", "hash_many", "identify", "stat_many"),
+    "sources": ("hash_many", "identify", "stat_many"),
     "sizes": ("age_text", "disk_usage"),
     "temp": (
-        "TempName", "collect_temps", "delete_tree", "parse_temp", "remove_temps", "remove_tree",
+        "TempName", "collect_temps", "delete_tree", "discard_tree", "parse_temp", "remove_temps", "remove_tree",
         "temp_path",
     ),
     "trust": (
-        "EXPLICIT", "Trust", "apply_modes", "check_fd", "describe_owner", "resolve_trust",
+        "EXPLICIT", "Trust", "apply_modes", "describe_owner", "resolve_trust",
         "user_name",
     ),
 }
@@ -112,17 +112,16 @@ __all__ = [
     "Trust",
     "age_text",
     "apply_modes",
-    "check_fd",
     "collect_temps",
     "create_file",
     "delete_tree",
     "describe_owner",
+    "discard_tree",
     "disk_usage",
     "exchange_dirs",
     "file_digest",
     "fsync_dir",
     "fsync_dirs",
-    "hash_file",
     "hash_many",
     "identify",
     "io_step",

@@ -43,6 +43,7 @@ __all__ = [
     "TempName",
     "collect_temps",
     "delete_tree",
+    "discard_tree",
     "parse_temp",
     "remove_temps",
     "remove_tree",
@@ -285,6 +286,25 @@ def delete_tree(path: Path, aside: Path | None = None) -> OSError | None:
     if denied:
         return denied[0]
     return errors[0] if errors else OSError(errno.ENOTEMPTY, "still not empty", str(doomed))
+
+
+def discard_tree(path: str | os.PathLike[str], *, strict: bool = False) -> None:
+    """Delete a directory tree in place, without renaming it aside first: what this process
+    made and no other process reads (a scratch directory, a build's staging, a status
+    directory), or what a rename already took out of sight.
+
+    Parameters
+    ----------
+    path
+        The directory.
+    strict
+        Raise the first error (a missing directory included); by default errors are ignored
+        and what could not be deleted stays.
+    """
+    if strict:
+        shutil.rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_tree(path: Path, aside: Path | None = None) -> bool:

@@ -38,12 +38,11 @@ import grp
 import os
 import pwd
 import stat
-import warnings
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from .. import config
-from ..errors import StorePermissionWarning, UntrustedCacheError
+from ..errors import StorePermissionWarning, UntrustedCacheError, warn_once
 
 __all__ = [
     "EXPLICIT",
@@ -313,7 +312,6 @@ def check_stat(st: os.stat_result, path: str | os.PathLike[str], trust: Trust) -
         _check_slow(st, os.fspath(path), trust)
 
 
-_warned: set[str] = set()
 
 
 def _refuse(path: str, st: os.stat_result, reason: str, why: str, fix: str) -> UntrustedCacheError:
@@ -337,15 +335,14 @@ def _check_slow(st: os.stat_result, where: str, trust: Trust) -> None:
     if trust.kind == "explicit":
         if trust.warn and (mode & 0o002 or _group_writable(st)):
             key = trust.scope or where
-            if key not in _warned:
-                _warned.add(key)
-                who = "anyone" if mode & 0o002 else f"the members of group {group_name(st.st_gid)}"
-                warnings.warn(
-                    f"{where} is writable by {who} ({stat.filemode(mode)}), who can change what "
-                    f"the store {key} returns",
-                    StorePermissionWarning,
-                    stacklevel=4,
-                )
+            who = "anyone" if mode & 0o002 else f"the members of group {group_name(st.st_gid)}"
+            warn_once(
+                ("writable store", key),
+                f"{where} is writable by {who} ({stat.filemode(mode)}), who can change what "
+                f"the store {key} returns",
+                StorePermissionWarning,
+                stacklevel=4,
+            )
         return
     if trust.kind == "private":
         if uid not in (euid, 0):

@@ -16,21 +16,19 @@ from .._interface import interface
 if TYPE_CHECKING:
     from .assembly import MadeBy, SegmentSource, StoreDirectory, assemble, open_directory
     from .record import Record
-    from .sources import SourceIdentity, resolve_identity, stale_mask, token_map
+    from .sources import resolve_identity, token_map
     from .staleness import stale_keys
-    from .store import CacheStore, Location, open_location, view_of
-    from .supply import FetchStats, ShardSupply
-    from .view import StoreView
+    from .store import CacheStore, Location, view_of
+    from .supply import FetchStats
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
     "assembly": ("MadeBy", "SegmentSource", "StoreDirectory", "assemble", "open_directory",),
     "record": ("Record",),
-    "sources": ("SourceIdentity", "resolve_identity", "stale_mask", "token_map",),
+    "sources": ("resolve_identity", "token_map",),
     "staleness": ("stale_keys",),
-    "store": ("CacheStore", "Location", "open_location", "view_of",),
-    "supply": ("FetchStats", "ShardSupply",),
-    "view": ("StoreView",),
+    "store": ("CacheStore", "Location", "view_of",),
+    "supply": ("FetchStats",),
 }
 
 __all__ = [
@@ -40,16 +38,11 @@ __all__ = [
     "MadeBy",
     "Record",
     "SegmentSource",
-    "ShardSupply",
-    "SourceIdentity",
     "StoreDirectory",
-    "StoreView",
     "assemble",
     "open_directory",
-    "open_location",
     "resolve_identity",
     "stale_keys",
-    "stale_mask",
     "token_map",
     "view_of",
 ]

@@ -19,10 +19,8 @@ from typing import TYPE_CHECKING
 from .._interface import interface
 
 if TYPE_CHECKING:
-    from .copy import NodeCopy, RemoteStore, open_url
-    from .fetch import fetch_store
+    from .copy import RemoteStore
     from .node_cache import NodeCache, Removed, collect, requested_cap
-    from .shards import NodeShards
     from .upload import (
         check_target,
         discard_files,
@@ -38,18 +36,14 @@ if TYPE_CHECKING:
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
-    "copy": ("NodeCopy", "RemoteStore", "open_url"),
-    "fetch": ("fetch_store",),
+    "copy": ("RemoteStore",),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
-    "shards": ("NodeShards",),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
     "urls": ("file_url_path", "is_url", "remote_cache_root"),
 }
 
 __all__ = [
     "NodeCache",
-    "NodeCopy",
-    "NodeShards",
     "RemoteStore",
     "Removed",
     "check_target",
@@ -57,10 +51,8 @@ __all__ = [
     "discard_files",
     "discard_upload",
     "download_files",
-    "fetch_store",
     "file_url_path",
     "is_url",
-    "open_url",
     "remote_cache_root",
     "requested_cap",
     "shared_between_processes",

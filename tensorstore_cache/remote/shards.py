@@ -36,7 +36,6 @@ import contextlib
 import os
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,7 +44,13 @@ from typing import Any
 
 import xxhash
 
-from ..errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError, StoreReplacedError
+from ..errors import (
+    CacheLimitWarning,
+    CorruptStoreError,
+    StoreNotFoundError,
+    StoreReplacedError,
+    warn_once,
+)
 from ..format import GroupMetadata, fetched_files
 from ..fs import RangeHolds, Trust, collect_temps, fsync_dir
 from ..reader import FetchStats
@@ -66,13 +71,8 @@ class _NoRoomError(Exception):
 
 
 _live: weakref.WeakSet[NodeShards] = weakref.WeakSet()
-_warned: set[tuple[str, str]] = set()
-
-
 def _warn_once(root: Path, what: str, message: str) -> None:
-    if (str(root), what) not in _warned:
-        _warned.add((str(root), what))
-        warnings.warn(message, CacheLimitWarning, stacklevel=5)
+    warn_once(("node-shards", str(root), what), message, CacheLimitWarning, stacklevel=5)
 
 
 class NodeShards:

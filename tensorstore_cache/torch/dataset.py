@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch.utils.data import Dataset, get_worker_info
-from torch.utils.data._utils.collate import default_collate as _default_collate
+from torch.utils.data import default_collate as _default_collate
 
 from .._api import open_store
 from ..format import Ragged

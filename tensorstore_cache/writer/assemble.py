@@ -10,7 +10,6 @@ shard's directories and fsyncs them), then the index and the array metadata
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from ..format import (
 from ..fs import (
     EXPLICIT,
     Trust,
+    discard_tree,
     exchange_dirs,
     fsync_dir,
     fsync_dirs,
@@ -267,7 +267,7 @@ def publish(
             fsync_dir(target.parent)
             if tmp.is_symlink():
                 tmp.unlink()
-            shutil.rmtree(tmp, ignore_errors=True)
+            discard_tree(tmp)
             return
         # a temporary name of the target, so collect_debris removes it if we die here
         old = temp_path(target, "gc")
@@ -285,4 +285,4 @@ def publish(
         ) from None
     fsync_dir(target.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        discard_tree(old)

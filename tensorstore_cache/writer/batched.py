@@ -13,7 +13,6 @@ import contextlib
 import math
 import os
 import secrets
-import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
+from ..fs import discard_tree
 from ..loaders import BatchLoader, Loader
 from .batches import BatchRun
 from .devices import DeviceStage, wait_listening
@@ -116,9 +116,9 @@ def device_workers(
         stage.close()
         for each in pools:
             each.abort()
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard_tree(scratch)
         raise
-    shutil.rmtree(scratch, ignore_errors=True)
+    discard_tree(scratch)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ that every failing key is named and ``on_error="skip"`` skips only those.
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,8 @@ import numpy as np
 
 from ..errors import BuildError
 from ..format import Ragged
-from .devices import TRACE_FRAMES, DeviceStage
+from .devices import DeviceStage
+from .frames import loader_frames
 
 __all__ = ["BatchRun", "Failure", "Row", "compute_rows"]
 
@@ -133,7 +133,7 @@ class BatchRun:
             try:
                 items.append(key if stage.prepare is None else stage.prepare(key))
             except Exception as exc:
-                self.out[i] = Failure(f"{type(exc).__name__}: {exc}", _frames(exc))
+                self.out[i] = Failure(f"{type(exc).__name__}: {exc}", loader_frames(exc))
                 continue
             rows.append(i)
             if len(rows) == stage.batch_size:
@@ -214,9 +214,3 @@ def compute_rows(
     run = BatchRun(stage, keys, device, check, names)
     run.send()
     return run.finish()
-
-
-def _frames(exc: BaseException) -> str:
-    """The last frames of ``exc``'s traceback that are not this module's, formatted."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()

@@ -56,6 +56,7 @@ from .assemble import finish_store, publish, seal
 from .batched import Pending, devices_for, first_batch, per_key
 from .devices import DeviceStage
 from .fields import assemble_fields, drop_rows, prepare_fields, record_spec
+from .frames import loader_frames
 from .options import BuildOptions
 from .pool import BuildPool
 from .records import Schema, check_record, infer_schema, is_record
@@ -66,7 +67,6 @@ from .tasks import (
     ShardResult,
     ShardTask,
     check_item,
-    loader_frames,
     run_path,
     source_identity,
 )

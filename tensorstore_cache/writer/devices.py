@@ -38,7 +38,6 @@ import queue
 import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -54,6 +53,7 @@ from typing import Any
 
 from ..errors import BuildError
 from ..loaders import BatchLoader
+from .frames import loader_frames
 
 __all__ = ["DeviceStage", "exit_quickly", "keep_freed_memory", "serve", "wait_listening"]
 
@@ -61,8 +61,6 @@ __all__ = ["DeviceStage", "exit_quickly", "keep_freed_memory", "serve", "wait_li
 START_TIMEOUT_S = 600.0
 #: Seconds a connection is retried while a listening device worker's socket is not ready.
 CONNECT_RETRY_S = 5.0
-#: How many of the loader's own frames a failure reports.
-TRACE_FRAMES = 3
 
 
 @dataclass(slots=True)
@@ -195,11 +193,6 @@ def _as_numpy(value: Any) -> Any:
     if callable(detach):  # a torch tensor, possibly on a GPU: bring it home
         return detach().cpu().numpy()
     return value
-
-
-def _frames(exc: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()
 
 
 #: Set in a device worker once it has served its build to the end (see :func:`exit_quickly`).
@@ -351,7 +344,7 @@ def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
         loader.device = device
         loader.setup(device)
     except Exception as exc:
-        failed = (f"{type(exc).__name__}: {exc}", _frames(exc))
+        failed = (f"{type(exc).__name__}: {exc}", loader_frames(exc))
     try:
         while True:
             conn, items = requests.get()
@@ -363,7 +356,7 @@ def serve(loader: Any, device: str, address: str, authkey: bytes) -> None:
                 try:
                     reply = ("ok", _as_numpy(loader(items)), "")
                 except Exception as exc:  # the CPU worker retries the batch key by key
-                    reply = ("error", f"{type(exc).__name__}: {exc}", _frames(exc))
+                    reply = ("error", f"{type(exc).__name__}: {exc}", loader_frames(exc))
             try:
                 conn.send(reply)
             except OSError:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import mmap
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..format import FIELDS, RECORDS_VERSION, FieldLayout, Fixed, StoreSpec
-from ..fs import Trust, fsync_dir, io_step, make_dir
+from ..fs import Trust, discard_tree, fsync_dir, io_step, make_dir
 from .assemble import Files, rewrite_rows
 from .ragged import RaggedWriter
 from .records import Schema
@@ -130,7 +129,7 @@ def assemble_fields(
         final, written = writer.finish()
         layouts.append(final)
         every.update(written)
-    shutil.rmtree(tmp / RUNS)
+    discard_tree(tmp / RUNS, strict=True)
     fsync_dir(tmp)
     return _replace_fields(spec, tuple(layouts)), every
 
@@ -171,10 +170,10 @@ def drop_rows(
             if not target.is_dir():
                 make_dir(target, trust, exist_ok=False)
         files.update(rewrite_rows(staging, new, read, trust))
-        shutil.rmtree(tmp / old.path)
+        discard_tree(tmp / old.path, strict=True)
         io_step("rename")
         target.rename(tmp / old.path)
-    shutil.rmtree(staging)
+    discard_tree(staging, strict=True)
     fsync_dir(tmp)
     if spec.records:
         fsync_dir(tmp / FIELDS)

@@ -31,17 +31,17 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import shutil
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Iterator, Mapping
 from concurrent.futures import BrokenExecutor, Future
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
+from ..fs import discard_tree
+from .frames import loader_frames
 from .reentry import worker_environment
 from .tasks import ShardResult, ShardTask, run_shard
 
@@ -127,11 +127,7 @@ def _bootstrap(payload: bytes, status_dir: str, builder: int, device_worker: boo
     try:
         _loader = pickle.loads(payload)
     except BaseException as exc:  # reported by every task of this worker
-        frames = [
-            f for f in traceback.extract_tb(exc.__traceback__)
-            if f.filename != __file__ and not f.filename.startswith("<frozen ")
-        ]
-        where = "".join(traceback.format_list(frames[-3:])).rstrip()
+        where = loader_frames(exc)
         _start_error = f"{type(exc).__name__}: {exc}" + (f"\n{where}" if where else "")
 
 
@@ -296,7 +292,7 @@ class BuildPool:
         """
         if timeout is None:
             self._executor.shutdown(wait=wait)
-            shutil.rmtree(self._status_dir, ignore_errors=True)
+            discard_tree(self._status_dir)
             return
         self._executor.shutdown(wait=False)
         deadline = time.monotonic() + timeout
@@ -305,7 +301,7 @@ class BuildPool:
                 process.join(max(0.0, deadline - time.monotonic()))
         if any(p.pid is not None and p.exitcode is None for p in self._context.started):
             self.abort()
-        shutil.rmtree(self._status_dir, ignore_errors=True)
+        discard_tree(self._status_dir)
 
     def abort(self) -> None:
         """Kill every worker at once (running shards are abandoned) and reap them."""
@@ -318,7 +314,7 @@ class BuildPool:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(process.pid, signal.SIGKILL)
                 process.join(KILL_WAIT_S)
-            shutil.rmtree(self._status_dir, ignore_errors=True)
+            discard_tree(self._status_dir)
 
     def _building(self, pid: int) -> str:
         try:

@@ -15,7 +15,6 @@ run, however large the ragged values).
 from __future__ import annotations
 
 import tempfile
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from ..remote import upload_file
 from .assemble import write_shard_file
 from .batches import Failure, Row, compute_rows
 from .devices import DeviceStage
+from .frames import loader_frames
 from .ragged import ragged_values
 from .records import Schema, check_record
 
@@ -43,7 +43,6 @@ __all__ = [
     "check_item",
     "compute",
     "load_item",
-    "loader_frames",
     "run_path",
     "run_shard",
     "source_identity",
@@ -52,8 +51,6 @@ __all__ = [
 #: Directory of a build where shard tasks leave the values of ragged fields.
 RUNS = "runs"
 
-#: How many of the loader's own frames a failure reports.
-TRACE_FRAMES = 3
 
 
 def check_item(value: Any, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> npt.NDArray[Any]:
@@ -153,12 +150,6 @@ class ShardResult:
     run_files: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Records built to a URL: the size and XXH3-128 of each ragged field's uploaded run
     (``runs/<field>/<k>``), checked when the builder downloads it."""
-
-
-def loader_frames(exc: BaseException) -> str:
-    """The last frames of ``exc``'s traceback that are not this module's, formatted."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    return "".join(traceback.format_list(frames[-TRACE_FRAMES:])).rstrip()
 
 
 def run_shard(task: ShardTask, loader: Loader | DeviceStage | None = None) -> ShardResult:

@@ -399,7 +399,6 @@ def test_local_pool_worker_killed_fails_cleanly(tmp_path: Path) -> None:
     with ProcessPoolExecutor(2, mp_context=ctx) as pool, pytest.raises(tsc.BuildError) as info:
         tsc.build_store(
             images, out, loader=Die(), loader_id="die", progress=False, executor=pool,
-            size=(32, 32),
         )
     assert isinstance(info.value.__cause__, BrokenProcessPool)  # a pool cannot retry a task
     assert not out.exists()

@@ -22,6 +22,7 @@ from .errors import (
     CacheLimitWarning,
     CorruptStoreError,
     KeyNotInStoreError,
+    LoaderFingerprintWarning,
     ReentrantBuildError,
     StaleSourceError,
     StoreExistsError,
@@ -30,9 +31,11 @@ from .errors import (
     StorePermissionWarning,
     StoreReplacedError,
     TensorStoreCacheError,
+    UnnamedLoaderError,
     UntrustedCacheError,
 )
 from .format import FORMAT_VERSION, Fixed, Ragged, StoreSpec, Text, VerifyReport
+from .identity import LoaderFingerprint, loader_fingerprint
 from .loaders import BatchLoader, ImageLoader, to_float32
 from .reader import CacheStore, Record
 
@@ -47,6 +50,8 @@ __all__ = [
     "Fixed",
     "ImageLoader",
     "KeyNotInStoreError",
+    "LoaderFingerprint",
+    "LoaderFingerprintWarning",
     "Ragged",
     "Record",
     "ReentrantBuildError",
@@ -60,6 +65,7 @@ __all__ = [
     "StoreSpec",
     "TensorStoreCacheError",
     "Text",
+    "UnnamedLoaderError",
     "UntrustedCacheError",
     "VerifyReport",
     "__version__",
@@ -67,6 +73,7 @@ __all__ = [
     "cached",
     "gc",
     "list_caches",
+    "loader_fingerprint",
     "open_store",
     "to_float32",
     "verify_store",

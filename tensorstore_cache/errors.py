@@ -35,6 +35,7 @@ __all__ = [
     "CacheLimitWarning",
     "CorruptStoreError",
     "KeyNotInStoreError",
+    "LoaderFingerprintWarning",
     "ReentrantBuildError",
     "StaleSourceError",
     "StoreExistsError",
@@ -43,6 +44,7 @@ __all__ = [
     "StorePermissionWarning",
     "StoreReplacedError",
     "TensorStoreCacheError",
+    "UnnamedLoaderError",
     "UntrustedCacheError",
     "warn_once",
 ]
@@ -403,5 +405,44 @@ class CacheLimitWarning(RuntimeWarning):
     Examples
     --------
     >>> issubclass(tsc.CacheLimitWarning, RuntimeWarning)
+    True
+    """
+
+
+class UnnamedLoaderError(TensorStoreCacheError, ValueError):
+    """A loader holds something that has no content to name it by: give it a ``loader_id``.
+
+    Open files, sockets, generators, random generators, opaque extension objects,
+    code that writes enclosing state with ``nonlocal`` and arrays past the
+    fingerprint's cap are refused, never guessed. ``path`` is the way from the
+    loader to what was refused, e.g. ``"load -> MODEL -> ._session (sqlite3.Connection)"``.
+
+    Examples
+    --------
+    >>> issubclass(tsc.UnnamedLoaderError, ValueError)
+    True
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message, path)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class LoaderFingerprintWarning(UserWarning):
+    """A loader's automatic fingerprint moves: per-run state, or state its calls change.
+
+    A loader whose fingerprint depends on a value made anew in each run (a global
+    ``uuid4()`` or ``time()``) gets a new cache namespace each run; one that
+    changes an attribute while it computes had another fingerprint after its
+    build. The message names the component that moved; give the loader a
+    ``loader_id`` or keep that value out of it.
+
+    Examples
+    --------
+    >>> issubclass(tsc.LoaderFingerprintWarning, UserWarning)
     True
     """

@@ -1,0 +1,36 @@
+"""Naming a loader by what it computes: the automatic fingerprint of a loader.
+
+A loader given to ``cached()`` without a ``loader_id`` is named
+``auto:<qualname>/<digest>``, a digest of its code (without line numbers,
+comments or its docstring), its defaults, closure contents and every global
+it reads, through the user's own code by value and into libraries by name,
+with arrays and tensors by their bytes under a cap. See :func:`loader_fingerprint`.
+"""
+
+from .origin import is_user_file
+from .report import (
+    AUTO_PREFIX,
+    CAP_ENV,
+    LoaderFingerprint,
+    default_cap,
+    explain_change,
+    loader_fingerprint,
+    loader_name,
+    moving_components,
+)
+from .walk import DEFAULT_CAP, EXECUTION_SETTINGS, Component
+
+__all__ = [
+    "AUTO_PREFIX",
+    "CAP_ENV",
+    "Component",
+    "DEFAULT_CAP",
+    "EXECUTION_SETTINGS",
+    "LoaderFingerprint",
+    "default_cap",
+    "explain_change",
+    "is_user_file",
+    "loader_fingerprint",
+    "loader_name",
+    "moving_components",
+]

@@ -1,0 +1,113 @@
+"""What a code object computes, without where it was written.
+
+The parts of a code object that say what it does (its bytecode, argument
+counts, flags, names, variables and exception table, and its constants) go
+into its digest; line numbers, column positions and the file name do not, so
+comments, blank lines and moving a function keep its digest. The globals its
+bytecode reads are listed with the attribute chain after each
+(``utils.resize``, ``cfg.SIZE``), through nested code (lambdas, comprehensions,
+inner functions) too.
+"""
+
+from __future__ import annotations
+
+import dis
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+__all__ = ["CodeReads", "code_parts", "reads", "writes_enclosing"]
+
+# CO_HAS_DOCSTRING (3.14+) says only whether there is a docstring: not what the code does.
+_DOC_FLAG = 0x4000000
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+_CELL_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
+
+
+@dataclass
+class CodeReads:
+    """The globals a code object (and its nested code) reads and writes."""
+
+    chains: set[tuple[str, ...]] = field(default_factory=set)
+    """Each global read with the attribute names loaded after it, e.g. ``("cfg", "SIZE")``."""
+    assigned: set[str] = field(default_factory=set)
+    """Globals the code assigns itself (``global _MODEL``): named by name only."""
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _nested(const)
+
+
+def reads(code: types.CodeType) -> CodeReads:
+    """The globals ``code`` reads, each with its attribute chain, and those it assigns.
+
+    Examples
+    --------
+    >>> def f(x):
+    ...     return cfg.SIZE + helper(x) + len([math.pi for _ in x])
+    >>> sorted(reads(f.__code__).chains)
+    [('cfg', 'SIZE'), ('helper',), ('len',), ('math', 'pi')]
+    """
+    found = CodeReads()
+    for co in _nested(code):
+        chain: list[str] = []
+        for ins in dis.get_instructions(co):
+            if ins.opname in ("EXTENDED_ARG", "CACHE"):
+                continue
+            if ins.opname in _LOADS:
+                if chain:
+                    found.chains.add(tuple(chain))
+                chain = [str(ins.argval)]
+            elif ins.opname in _ATTRS and chain:
+                chain.append(str(ins.argval))
+            else:
+                if chain:
+                    found.chains.add(tuple(chain))
+                chain = []
+                if ins.opname in _STORES:
+                    found.assigned.add(str(ins.argval))
+        if chain:
+            found.chains.add(tuple(chain))
+    return found
+
+
+def writes_enclosing(code: types.CodeType) -> str | None:
+    """The name of an enclosing variable ``code`` assigns (``nonlocal``), if any."""
+    for ins in dis.get_instructions(code):
+        if ins.opname in _CELL_WRITES and ins.argval in code.co_freevars:
+            return str(ins.argval)
+    return None
+
+
+def code_parts(
+    code: types.CodeType,
+    const: Callable[[object, str], bytes],
+    *,
+    drop_doc: bool = False,
+) -> list[bytes]:
+    """The parts of ``code`` that say what it computes, each as bytes.
+
+    ``const(value, label)`` digests one constant (nested code included, so that
+    it is normalised recursively: sets sorted, floats exact, types tagged).
+    ``drop_doc`` replaces the first constant when it is the function's own
+    docstring (only then: on CPython 3.10/3.11 a comprehension's first constant
+    can be a string literal).
+    """
+    consts = list(code.co_consts)
+    if drop_doc and consts and isinstance(consts[0], str):
+        consts[0] = None
+    text = [
+        code.co_name, code.co_qualname, " ".join(code.co_names), " ".join(code.co_varnames),
+        " ".join(code.co_freevars), " ".join(code.co_cellvars),
+    ]
+    numbers = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+               code.co_flags & ~_DOC_FLAG, code.co_stacksize)
+    parts = [b"code", code.co_code, code.co_exceptiontable, repr(numbers).encode()]
+    parts.extend(t.encode() + b"\0" for t in text)
+    parts.extend(const(c, f"constant {i}") for i, c in enumerate(consts))
+    return parts

@@ -1,6 +1,6 @@
 """What a code object computes, without where it was written.
 
-The parts of a code object that say what it does (its bytecode, argument
+The parts of a code object that say what it does (its instructions, argument
 counts, flags, names, variables and exception table, and its constants) go
 into its digest; line numbers, column positions and the file name do not, so
 comments, blank lines and moving a function keep its digest. The globals its
@@ -11,6 +11,7 @@ inner functions) too.
 
 from __future__ import annotations
 
+import bisect
 import dis
 import types
 from collections.abc import Callable, Iterator
@@ -24,6 +25,9 @@ _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
 _CELL_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
+_JUMPS = frozenset(dis.hasjrel + dis.hasjabs)
+# Instructions whose argument is a name (its index, and flags such as NULL, vary).
+_BY_NAME = frozenset(dis.opname[op] for op in dis.hasname)
 
 
 @dataclass
@@ -84,6 +88,38 @@ def writes_enclosing(code: types.CodeType) -> str | None:
     return None
 
 
+def _instructions(code: types.CodeType) -> bytes:
+    """The bytecode as instructions that do not depend on how the code was compiled.
+
+    ``obj.meth(...)`` compiles to ``LOAD_METHOD`` where ``obj`` was not imported
+    in the same compilation unit and to ``LOAD_ATTR`` (with a ``NULL`` pushed by
+    ``LOAD_GLOBAL``) where it was: IPython compiles each statement of a cell
+    apart, a script at once. Both are written as one attribute load of the
+    name; jump targets and the exception table as instruction indices (the
+    inline caches of the two differ in size, so offsets differ).
+    """
+    listing = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
+    index = {ins.offset: n for n, ins in enumerate(listing)}
+    offsets = sorted(index)
+
+    def at(offset: int) -> int:
+        return index.get(offset, bisect.bisect_left(offsets, offset))
+
+    out: list[str] = []
+    for ins in listing:
+        name = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
+        if ins.opcode in _JUMPS:
+            arg = f"->{at(int(ins.argval))}"
+        elif ins.opname in _BY_NAME:
+            arg = str(ins.argval)
+        else:
+            arg = "" if ins.arg is None else str(ins.arg)
+        out.append(f"{name} {arg}")
+    for e in getattr(dis.Bytecode(code), "exception_entries", ()):  # not in the stubs
+        out.append(f"except {at(e.start)} {at(e.end)} {at(e.target)} {e.depth} {e.lasti}")
+    return "\n".join(out).encode()
+
+
 def code_parts(
     code: types.CodeType,
     const: Callable[[object, str], bytes],
@@ -106,8 +142,8 @@ def code_parts(
         " ".join(code.co_freevars), " ".join(code.co_cellvars),
     ]
     numbers = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
-               code.co_flags & ~_DOC_FLAG, code.co_stacksize)
-    parts = [b"code", code.co_code, code.co_exceptiontable, repr(numbers).encode()]
+               code.co_flags & ~_DOC_FLAG)
+    parts = [b"code", _instructions(code), repr(numbers).encode()]
     parts.extend(t.encode() + b"\0" for t in text)
     parts.extend(const(c, f"constant {i}") for i, c in enumerate(consts))
     return parts

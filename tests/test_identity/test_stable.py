@@ -1,0 +1,148 @@
+"""The same loader gets the same automatic id in every fresh interpreter, however it is run.
+
+Each run is a new process (a script, ``python -c``, stdin, an import from a
+module, a real notebook kernel), under several ``PYTHONHASHSEED`` values; edits
+that do not change what the loader computes (comments, blank lines, moving it,
+its docstring) keep the id, in new processes too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# A loader that reads a helper, module values, an array, a set, a comprehension and a default.
+SOURCE = '''\
+import functools
+
+import numpy as np
+from PIL import Image
+
+import tensorstore_cache as tsc
+
+SIZE = (8, 8)
+MEAN = np.linspace(0, 1, 16, dtype=np.float32)
+NAMES = {"a", "b", "c"}
+
+
+def resize_to(img, size):
+    return img.resize(size)
+
+
+def image_vector(path, scale=1.0):
+    """Load one cover."""
+    # the image, resized
+    img = resize_to(Image.open(path), SIZE)
+    words = [c + "x" for c in path]
+    return np.asarray(img, np.float32) * scale + MEAN[3] + (path[-1] in NAMES) + len(words)
+
+
+LOADER = functools.partial(image_vector, scale=2.0)
+'''
+SHOW = "print('ID', tsc.loader_fingerprint(LOADER).loader_id)\n"
+HANG_GUARD_S = 240
+
+
+def _env(seed: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONHASHSEED": seed}
+
+
+def _ids(text: str) -> list[str]:
+    return re.findall(r"^ID (auto:\S+)$", text, re.M)
+
+
+def _run(args: list[str], cwd: Path, seed: str, stdin: str | None = None) -> str:
+    proc = subprocess.run(args, cwd=cwd, env=_env(seed), input=stdin, capture_output=True,
+                          text=True, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr
+    found = _ids(proc.stdout)
+    assert len(found) == 1, proc.stdout + proc.stderr
+    return found[0]
+
+
+def _by_script(tmp: Path, source: str, seed: str) -> str:
+    script = tmp / "loader_script.py"
+    script.write_text(source + SHOW)
+    return _run([sys.executable, str(script)], tmp, seed)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _by_script(tmp_path_factory.mktemp("ref"), SOURCE, "0")
+
+
+@pytest.mark.parametrize("seed", ["1", "12345", "random"])
+@pytest.mark.parametrize("how", ["script", "-c", "stdin", "import"])
+def test_one_id_in_every_fresh_interpreter(
+    tmp_path: Path, reference: str, how: str, seed: str
+) -> None:
+    if how == "script":
+        got = _by_script(tmp_path, SOURCE, seed)
+    elif how == "-c":
+        got = _run([sys.executable, "-c", SOURCE + SHOW], tmp_path, seed)
+    elif how == "stdin":
+        got = _run([sys.executable, "-"], tmp_path, seed, stdin=SOURCE + SHOW)
+    else:
+        (tmp_path / "covers_loader.py").write_text(SOURCE)
+        show = "import covers_loader, tensorstore_cache as tsc\n" + SHOW.replace(
+            "LOADER", "covers_loader.LOADER")
+        got = _run([sys.executable, "-c", show], tmp_path, seed)
+    assert got == reference and got.startswith("auto:image_vector/")
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("    # the image, resized\n", "    # the image, resized to SIZE\n\n    # (bilinear)\n"),
+    ('"""Load one cover."""', '"""Load one cover image as a float vector.\n\n    Longer."""'),
+    ("def resize_to", "# the helper\n\n\ndef resize_to"),
+    ("LOADER = functools.partial(image_vector, scale=2.0)\n",
+     "\n\n\nLOADER = functools.partial(image_vector, scale=2.0)  # moved down\n"),
+], ids=["comments-and-blank-lines", "docstring", "helper-comment", "moved"])
+def test_edits_that_compute_nothing_keep_the_id(
+    tmp_path: Path, reference: str, old: str, new: str
+) -> None:
+    assert old in SOURCE
+    assert _by_script(tmp_path, SOURCE.replace(old, new), "7") == reference
+
+
+def test_moving_the_function_to_another_place_in_the_file(tmp_path: Path, reference: str) -> None:
+    head, _, rest = SOURCE.partition("def resize_to")
+    helper, _, tail = rest.partition("\n\n\ndef image_vector")
+    moved = head + "def image_vector" + tail.replace(
+        "\n\n\nLOADER", "\n\n\ndef resize_to" + helper + "\n\n\nLOADER")
+    assert moved != SOURCE and moved.index("def resize_to") > moved.index("def image_vector")
+    assert _by_script(tmp_path, moved, "3") == reference
+
+
+def test_changed_values_get_new_ids_in_fresh_processes(tmp_path: Path, reference: str) -> None:
+    for old, new in [("scale=2.0)", "scale=3.0)"), ('"c"}', '"d"}'), ("SIZE = (8, 8)", "SIZE = (8, 9)"),
+                     ("img.resize(size)", "img.resize(size).convert('L')")]:
+        assert _by_script(tmp_path, SOURCE.replace(old, new), "0") != reference, new
+
+
+def test_a_notebook_cell_re_executed_and_edited(
+    tmp_path: Path, reference: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
+                     ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_CONFIG_DIR", "config")):
+        (tmp_path / "jupyter" / sub).mkdir(parents=True)
+        monkeypatch.setenv(var, str(tmp_path / "jupyter" / sub))  # never the user's home
+    edited = SOURCE.replace("NAMES = {", "EPOCHS = 3  # another line of the cell\nNAMES = {")
+    cells = [nbformat.v4.new_code_cell(c + SHOW) for c in (SOURCE, SOURCE, edited)]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    client = nbclient.NotebookClient(nb, timeout=HANG_GUARD_S, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    found = []
+    for cell in nb.cells:
+        assert not [o for o in cell.outputs if o.get("output_type") == "error"], cell.outputs
+        found += _ids("".join(o.get("text", "") for o in cell.outputs
+                              if o.get("output_type") == "stream"))
+    assert found == [reference] * 3

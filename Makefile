@@ -6,9 +6,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PEERS     := .venv-peers
 PEERS_MDS := .venv-peers-mds
+TV        := .venv-torchvision
 REQ       := benchmarks/requirements
 
-.PHONY: test bench lint install peers clean docs docs-serve
+.PHONY: test bench lint install peers clean docs docs-serve test-torchvision
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,9 +27,29 @@ TEST_JOBS ?= 2
 
 # Byte-compiled first, as an installed package is: where PYTHONDONTWRITEBYTECODE is set, each
 # worker process of a build would otherwise compile the package from source when it starts.
+# The torchvision environment installs (mostly reading 5.5 GB from disk) while the main run
+# goes on; its suite runs after it.
 test: lint
 	$(BIN)/python -m compileall -q tensorstore_cache benchmarks tests > /dev/null
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	( $(MAKE) --no-print-directory $(TV)/.installed > $(TV).log 2>&1; echo $$? > $(TV).rc ) & \
+	  $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile; rc=$$?; wait; \
+	  test $$rc -eq 0 || exit $$rc; \
+	  test "$$(cat $(TV).rc)" = 0 || { tail -n 20 $(TV).log; echo "$(TV) did not install"; exit 1; }
+	$(MAKE) --no-print-directory test-torchvision
+
+# The torchvision suite (tests/test_torchvision, left out of the .venv run by its conftest) in an
+# environment of its own: torchvision 0.29.1 needs torch 2.14.1, which cannot sit beside the
+# CPU build of .venv.
+$(TV)/.installed: pyproject.toml Makefile
+	test -x $(TV)/bin/python || $(PYTHON) -m venv $(TV)
+	$(TV)/bin/python -m pip install --quiet --upgrade pip
+	$(TV)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(TV)/bin/python -m pip install --quiet -e '.[torch]' 'pytest>=8' 'pytest-timeout>=2.2'
+	$(TV)/bin/python -c "import torch, torchvision; print(torch.__version__, torchvision.__version__)"
+	touch $@
+
+test-torchvision: $(TV)/.installed
+	$(TV)/bin/python -m pytest -q -p no:cacheprovider tests/test_torchvision
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -80,5 +101,5 @@ $(PEERS_MDS)/.installed: $(REQ)/peers-mds.txt $(REQ)/peers-mds-nodeps.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(PEERS_MDS) $(PEERS).log $(PEERS_MDS).log build site *.egg-info \
+	rm -rf $(VENV) $(TV) $(TV).log $(TV).rc $(PEERS) $(PEERS_MDS) $(PEERS).log $(PEERS_MDS).log build site *.egg-info \
 	  .pytest_cache .mypy_cache .ruff_cache

@@ -31,6 +31,7 @@ from .format import (
     verify_segment,
 )
 from .fs import Trust, network_mount, resolve_trust
+from .identity import AUTO_PREFIX, loader_fingerprint
 from .loaders import BatchLoader, Loader, resolve_loader
 from .reader import (
     CacheStore,
@@ -492,9 +493,15 @@ def cached(
         ``devices``); its ``loader_id`` names what ``prepare`` and the
         loader compute together.
     loader_id
-        Required with a custom ``loader`` (unless it has a ``loader_id``
-        attribute): a name for what it computes, changed whenever its output
-        changes, e.g. ``"myproject.thumbnails/2"``.
+        A name for what a custom ``loader`` computes, changed whenever its
+        output changes, e.g. ``"myproject.thumbnails/2"``; it wins over the
+        loader's ``loader_id`` attribute. Without either, the loader is named
+        by what it computes, ``auto:<qualname>/<digest>`` (see
+        :func:`loader_fingerprint`): an edit to it, its helpers or the values
+        it reads gets a new namespace. Prefer an explicit id for caches shared
+        for a long time or across Python upgrades (the bytecode is part of
+        the fingerprint), and for loaders that hold what cannot be
+        fingerprinted (refused with :class:`UnnamedLoaderError`).
     workers
         Processes for a build (default: every core); see :func:`build_store`.
     executor
@@ -564,9 +571,12 @@ def cached(
         If a directory or file of the cache is owned by someone else or
         writable by others (or, shared, by a non-member), before anything in
         it is read; the message names the path, its owner and mode, and the fix.
+    UnnamedLoaderError
+        If a custom loader without a ``loader_id`` holds something that has no
+        content to name it by (an open file, a random generator, ...): the
+        message gives the path to it.
     ValueError
-        If a custom loader has no ``loader_id``, an option is invalid, or
-        ``share_with`` names no group.
+        If an option is invalid, or ``share_with`` names no group.
     TypeError
         If ``size`` is given with a custom loader, or ``executor`` with a
         :class:`BatchLoader`.
@@ -587,9 +597,16 @@ def cached(
     np_dtype = np.dtype(dtype).name
     schema, names = normalize_fields(fields)
     batching = _batching(loader, executor)
+    named = None  # a custom loader without an id is named by what it computes
+    if loader is not None and loader_id is None and getattr(loader, "loader_id", None) is None:
+        named = loader_fingerprint(loader)
+    elif isinstance(loader_id, str) and loader_id.startswith(AUTO_PREFIX):
+        raise ValueError(f"loader_id={loader_id!r}: ids starting with {AUTO_PREFIX!r} are the "
+                         "automatic ones (a loader without loader_id gets one); choose another")
     build_options = BuildOptions(
         **batching,
-        loader=resolve_loader(loader, loader_id=loader_id, size=size, dtype=np_dtype, strict=True),
+        loader=resolve_loader(loader, loader_id=named.loader_id if named else loader_id,
+                              size=size, dtype=np_dtype, strict=True),
         dtype=np_dtype,
         workers=workers,
         on_error=on_error,
@@ -603,7 +620,7 @@ def cached(
     keys = list(dict.fromkeys(normalize_keys(paths)))
     options = CacheOptions(
         build=build_options, identity=kind, tokens=tokens, on_stale=on_stale,
-        lock_timeout=lock_timeout
+        lock_timeout=lock_timeout, named=named,
     )
     return cached_store(root, keys, options)
 

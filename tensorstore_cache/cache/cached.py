@@ -23,10 +23,12 @@ from ..config import OnStale, SourceCheck
 from ..errors import BuildError, CorruptStoreError, StaleSourceError, StoreNotFoundError
 from ..format import write_hashes
 from ..fs import Holder, parse_temp, remove_tree
+from ..identity import LoaderFingerprint
 from ..reader import CacheStore, open_directory, stale_keys, token_map, view_of
 from ..writer import BuildOptions, Schema, build, building, collect_debris, write_merged
 from .compact import merge_start
 from .fingerprint import fingerprint, namespace_name
+from .loader_record import after_build, before_build
 from .namespace import Manifest, Namespace
 
 __all__ = ["CacheOptions", "cached_store"]
@@ -49,6 +51,8 @@ class CacheOptions:
     """What to do with stale entries."""
     lock_timeout: float | None = None
     """Seconds to wait at most for another process's build."""
+    named: LoaderFingerprint | None = None
+    """The loader's automatic fingerprint, when it is named by one (no ``loader_id``)."""
 
 
 #: Every requested key's version token (``identity="token"``), else None.
@@ -88,12 +92,16 @@ def cached_store(cache_dir: Path, keys: list[str], options: CacheOptions) -> Cac
     fp = fingerprint(info.loader_id, info.params, options.build.dtype, options.build.schema,
                      options.build.names)
     ns = Namespace(cache_dir / namespace_name(fp), fp, trust=options.build.trust)
+    named = options.named
+    new = named is not None and before_build(cache_dir, ns.root, named, options.build.trust)
     try:
         tokens = _tokens(keys, options)
         store, seen = _look(ns, keys, options, tokens)
-        if store is not None:
-            return store
-        return _under_lock(ns, keys, options, seen, tokens)
+        if store is None:
+            store = _under_lock(ns, keys, options, seen, tokens)
+        if named is not None:
+            after_build(ns.root, named, info.fn, new, options.build.trust)
+        return store
     finally:
         ns.close()  # the store returned holds its own descriptors
 

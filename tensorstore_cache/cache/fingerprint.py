@@ -15,7 +15,9 @@ from typing import Any
 from ..format import FORMAT_VERSION, RECORDS_VERSION, canonical_json, schema_to_json
 from ..writer import Schema
 
-__all__ = ["LAYOUT_VERSION", "NAMESPACE_KIND", "canonical_json", "fingerprint", "namespace_name"]
+__all__ = [
+    "LAYOUT_VERSION", "NAMESPACE_KIND", "canonical_json", "fingerprint", "namespace_name", "slug",
+]
 
 #: Version of the namespace layout (part of every fingerprint).
 LAYOUT_VERSION = 1
@@ -68,5 +70,9 @@ def fingerprint(
 def namespace_name(fp: dict[str, Any]) -> str:
     """Return the directory name of a fingerprint: a readable slug and a BLAKE2b digest."""
     digest = hashlib.blake2b(canonical_json(fp).encode(), digest_size=10).hexdigest()
-    slug = re.sub(r"[^A-Za-z0-9_.]+", "_", str(fp["loader_id"])).strip("._")[:40] or "loader"
-    return f"{slug}-{fp['dtype']}-{digest}"
+    return f"{slug(str(fp['loader_id']))}-{fp['dtype']}-{digest}"
+
+
+def slug(loader_id: str) -> str:
+    """The readable start of a namespace's directory name: ``loader_id``, sanitised, cut."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", loader_id).strip("._")[:40] or "loader"

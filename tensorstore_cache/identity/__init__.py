@@ -7,7 +7,7 @@ it reads, through the user's own code by value and into libraries by name,
 with arrays and tensors by their bytes under a cap. See :func:`loader_fingerprint`.
 """
 
-from .origin import is_user_file
+from .origin import distribution_version, is_user_file
 from .report import (
     AUTO_PREFIX,
     CAP_ENV,
@@ -28,6 +28,7 @@ __all__ = [
     "EXECUTION_SETTINGS",
     "LoaderFingerprint",
     "default_cap",
+    "distribution_version",
     "explain_change",
     "is_user_file",
     "loader_fingerprint",

@@ -92,14 +92,18 @@ def _plain_loader(path: str) -> np.ndarray:
     return vector_of(Path(path).read_bytes())
 
 
-def test_custom_loader_needs_an_id(tmp_path: Path, cache: Path) -> None:
+def test_custom_loader_without_an_id_is_named_by_what_it_computes(
+    tmp_path: Path, cache: Path
+) -> None:
     keys = write_sources(tmp_path / "src", 2)
-    with pytest.raises(ValueError, match="loader_id="):
-        tsc.cached(keys, cache_dir=cache, loader=_plain_loader, progress=False)
-    assert not cache.exists() or not namespaces(cache)
+    store = tsc.cached(keys, cache_dir=cache, loader=_plain_loader, workers=1, progress=False)
+    np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
+    assert [c.loader_id for c in tsc.list_caches(cache)] == [
+        tsc.loader_fingerprint(_plain_loader).loader_id]
     store = tsc.cached(keys, cache_dir=cache, loader=_plain_loader, loader_id="tests.plain/1",
                        workers=1, progress=False)
     np.testing.assert_array_equal(store.take(store.rows(keys)), expected(keys))
+    assert len(namespaces(cache)) == 2  # an explicit id wins
     with pytest.raises(ValueError, match="loader_id"):
         tsc.cached(keys, cache_dir=cache, loader_id="x/1", progress=False)
     bad = LogLoader(tmp_path / "log")

@@ -100,7 +100,7 @@ def cached_store(cache_dir: Path, keys: list[str], options: CacheOptions) -> Cac
         if store is None:
             store = _under_lock(ns, keys, options, seen, tokens)
         if named is not None:
-            after_build(ns.root, named, info.fn, new, options.build.trust)
+            after_build(ns.root, named, new, options.build.trust)
         return store
     finally:
         ns.close()  # the store returned holds its own descriptors

@@ -37,7 +37,6 @@ from ..identity import (
     LoaderFingerprint,
     distribution_version,
     explain_change,
-    loader_fingerprint,
     moving_components,
 )
 from .fingerprint import slug
@@ -133,7 +132,7 @@ def _report_versions(root: Path, record: dict[str, Any]) -> None:
                        root.name, ", ".join(moved))
 
 
-def after_build(root: Path, fp: LoaderFingerprint, loader: Any, new: bool, trust: Trust) -> None:
+def after_build(root: Path, fp: LoaderFingerprint, new: bool, trust: Trust) -> None:
     """Record ``fp`` in a new namespace; warn if the loader's fingerprint moved meanwhile."""
     if not new:
         return
@@ -147,7 +146,7 @@ def after_build(root: Path, fp: LoaderFingerprint, loader: Any, new: bool, trust
         with contextlib.suppress(OSError):
             os.unlink(tmp)
     try:
-        now = loader_fingerprint(loader)
+        now = fp.retake() if fp.retake is not None else fp
     except UnnamedLoaderError as exc:
         now_said = f"it can no longer be named ({exc.path})"
     else:

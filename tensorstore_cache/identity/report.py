@@ -17,8 +17,8 @@ import os
 import sys
 import time
 import types
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .origin import distribution_version
@@ -93,6 +93,9 @@ class LoaderFingerprint:
     """The bytecode tag it was taken under, e.g. ``"cpython-311"``."""
     seconds: float = 0.0
     """How long taking it took."""
+    retake: Callable[[], LoaderFingerprint] | None = field(default=None, repr=False,
+                                                           compare=False)
+    """Takes the same loader's fingerprint again (to see whether it moved)."""
 
     @property
     def loader_id(self) -> str:
@@ -128,7 +131,9 @@ class LoaderFingerprint:
         return "\n".join(lines)
 
 
-def loader_fingerprint(loader: Any, *, cap: int | None = None) -> LoaderFingerprint:
+def loader_fingerprint(
+    loader: Any, *, cap: int | None = None, also: Mapping[str, Any] | None = None
+) -> LoaderFingerprint:
     """Name ``loader`` by what it computes, as ``cached()`` does when it has no ``loader_id``.
 
     Parameters
@@ -140,6 +145,9 @@ def loader_fingerprint(loader: Any, *, cap: int | None = None) -> LoaderFingerpr
     cap
         Bytes of array and tensor data read at most; default
         ``TSC_FINGERPRINT_CAP`` or 256 MiB.
+    also
+        Other values that determine what the loader computes, by name (a
+        ``prepare`` function given beside it), fingerprinted the same way.
 
     Returns
     -------
@@ -157,12 +165,15 @@ def loader_fingerprint(loader: Any, *, cap: int | None = None) -> LoaderFingerpr
     name = loader_name(loader)
     walker = Walker(name, default_cap() if cap is None else cap)
     root = walker.value(loader, name, named=True)
+    extra = [p for key, value in sorted((also or {}).items())
+             for p in (key.encode(), walker.value(value, f"{name} -> {key}", named=True))]
     tag = str(sys.implementation.cache_tag)
-    whole = digest(_VERSION, tag.encode(), importlib.util.MAGIC_NUMBER, root)
+    whole = digest(_VERSION, tag.encode(), importlib.util.MAGIC_NUMBER, root, *extra)
     return LoaderFingerprint(
         fingerprint=whole.hex(), name=name, components=tuple(walker.components.values()),
         modules=tuple(sorted(walker.modules)), python=tag,
         seconds=time.perf_counter() - start,
+        retake=lambda: loader_fingerprint(loader, cap=cap, also=also),
     )
 
 

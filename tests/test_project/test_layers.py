@@ -37,7 +37,7 @@ def test_no_module_imports_the_package_itself() -> None:
     assert inward == []
 
 
-SUBPACKAGES = ("fs", "format", "reader", "remote", "writer", "cache")
+SUBPACKAGES = ("identity", "fs", "format", "reader", "remote", "writer", "cache")
 
 
 @pytest.mark.parametrize("sub", SUBPACKAGES)

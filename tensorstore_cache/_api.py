@@ -599,7 +599,7 @@ def cached(
     batching = _batching(loader, executor)
     named = None  # a custom loader without an id is named by what it computes
     if loader is not None and loader_id is None and getattr(loader, "loader_id", None) is None:
-        named = loader_fingerprint(loader, also={"prepare": prepare} if prepare else None)
+        named = loader_fingerprint(loader)  # a BatchLoader's prepare is its own attribute
     elif isinstance(loader_id, str) and loader_id.startswith(AUTO_PREFIX):
         raise ValueError(f"loader_id={loader_id!r}: ids starting with {AUTO_PREFIX!r} are the "
                          "automatic ones (a loader without loader_id gets one); choose another")

@@ -177,11 +177,11 @@ def test_a_batch_loader_without_an_id_keeps_its_namespace_across_batch_sizes(
     tmp_path: Path
 ) -> None:
     for batch_size in (2, 3):
-        store = tsc.cached(["a", "bb", "ccc"], loader=_Lengths(), batch_size=batch_size,
+        store = tsc.cached(["a", "bb", "ccc"], loader=_Lengths(batch_size=batch_size),
                            cache_dir=tmp_path, progress=False, identity="none")
         assert store.stack(["a", "bb", "ccc"]).ravel().tolist() == [1.0, 2.0, 3.0]
     (info,) = tsc.list_caches(tmp_path)
     assert info.loader_id.startswith("auto:_Lengths/") and info.parts == 1
-    tsc.cached(["a"], loader=_Lengths(), prepare=lambda k: k * 2, cache_dir=tmp_path,
+    tsc.cached(["a"], loader=_Lengths(prepare=lambda k: k * 2), cache_dir=tmp_path,
                progress=False, identity="none")  # what prepare computes is part of the name
     assert len(tsc.list_caches(tmp_path)) == 2

@@ -30,6 +30,7 @@ from .errors import (
     StorePermissionWarning,
     StoreReplacedError,
     TensorStoreCacheError,
+    UnsafeRemoteError,
     UntrustedCacheError,
 )
 from .format import FORMAT_VERSION, Fixed, Ragged, StoreSpec, Text, VerifyReport
@@ -60,6 +61,7 @@ __all__ = [
     "StoreSpec",
     "TensorStoreCacheError",
     "Text",
+    "UnsafeRemoteError",
     "UntrustedCacheError",
     "VerifyReport",
     "__version__",

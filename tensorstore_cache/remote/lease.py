@@ -171,7 +171,7 @@ def _watch(
 ) -> bool:
     """Watch another's lease: True once the next generation is committed, False once the
     lease is released or silent for ``times.ttl`` on this process's clock."""
-    last = objects.read_json(rel)
+    last: dict[str, object] | None = None  # read at the first poll (the create read it back)
     changed = monotonic()
     while True:
         if last is not None and last.get("state") == "released":

@@ -78,6 +78,7 @@ class CountingS3:
     log: list[Request] = field(default_factory=list)
     stalls: dict[str, tuple[int, float]] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
+    stalled: list[str] = field(default_factory=list)  # "METHOD key" of requests held by a stall
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _key_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _busy: int = 0
@@ -157,6 +158,11 @@ class CountingS3:
                 self.stalls.update({k: (int(v[0]), float(v[1])) for k, v in wanted.items()})
                 start_response("200 OK", [])
                 return [b""]
+            if path == "/_tsc/stalled":
+                with self._lock:
+                    body = json.dumps(self.stalled).encode()
+                start_response("200 OK", [("Content-Type", "application/json")])
+                return [body]
             if path == "/_tsc/faults":  # body: a list of Fault fields, replacing the faults
                 size = int(environ.get("CONTENT_LENGTH") or 0)
                 wanted = json.loads(environ["wsgi.input"].read(size) or b"[]")
@@ -202,7 +208,12 @@ class CountingS3:
         fault = self._take_fault(environ["REQUEST_METHOD"], key)
         kind = fault.kind if fault is not None else None
         if fault is not None and kind == "stall":
+            held = f"{environ['REQUEST_METHOD']} {key}"
+            with self._lock:
+                self.stalled.append(held)
             time.sleep(fault.seconds)
+            with self._lock:
+                self.stalled.remove(held)
         if kind in ("conflict", "slowdown"):
             st, body = (_error(409, "ConditionalRequestConflict", "A conflicting operation "
                                "occurred") if kind == "conflict"
@@ -305,6 +316,10 @@ class S3Process:
     def inject(self, faults: list[Fault]) -> None:
         """Replace the faults to inject (an empty list: none)."""
         self._call("/_tsc/faults", json.dumps([vars(f) for f in faults]).encode())
+
+    def stalled(self) -> list[str]:
+        """The requests a stall fault holds right now (``"PUT bucket/key"``)."""
+        return list(json.loads(self._call("/_tsc/stalled")))
 
     def log(self) -> list[Request]:
         """Every request served since the last reset, of every method."""

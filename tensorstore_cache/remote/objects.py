@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..errors import UnsafeRemoteError
 from .urls import file_url_path, filesystem, is_url
 
 __all__ = ["DirectoryObjects", "Objects", "S3Objects", "new_token", "objects_at"]
@@ -197,7 +198,7 @@ class S3Objects(Objects):
         except FileExistsError:
             return False
         except OSError as exc:
-            if "304" in str(exc) or "PreconditionFailed" in str(exc):
+            if _status(exc) in (304, 412):
                 return False  # an older MinIO answers 304 Not Modified for "exists"
             raise
         return True
@@ -216,6 +217,17 @@ class S3Objects(Objects):
 
     def _get_file(self, rel: str, local: Path) -> None:
         self._fs.get_file(self._path(rel), str(local))
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of the S3 answer behind ``exc`` (s3fs keeps botocore's error as the
+    cause), None if there was none."""
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if not isinstance(response, dict):
+        return None
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
 
 
 class DirectoryObjects(Objects):
@@ -247,6 +259,14 @@ class DirectoryObjects(Objects):
             os.link(tmp, final)  # fails if the name exists, on every machine's view
         except FileExistsError:
             return False
+        except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise UnsafeRemoteError(
+                    f"the shared directory {self.url!r} does not support hard links "
+                    f"({exc.strerror}), the create-only write a commit needs; use a filesystem "
+                    "with them (NFS, Lustre, GPFS, BeeGFS, CephFS) or an object store"
+                ) from None
+            raise
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

@@ -139,10 +139,10 @@ def _stopped(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-@pytest.mark.parametrize("stage", ["leased", "built", "uploaded", "committed"])
+@pytest.mark.parametrize("stage", ["leased", "uploaded", "committed"])
 def test_a_killed_lease_holder(s3: S3Process, prefix: str, tmp_path: Path, stage: str) -> None:
-    """The lease holder is SIGKILLed before its first shard, after building, after the
-    upload but before the commit, or right after the commit: two nodes then take over once
+    """The lease holder is SIGKILLed before its first shard, after the upload but before the
+    commit, or right after the commit (mid-upload: the next test): two nodes then take over once
     the lease has gone a lease time without a heartbeat (or find the commit). Each key is
     computed at most twice, every vector is right, no manifest names a missing object."""
     log = tmp_path / "log"
@@ -159,6 +159,27 @@ def test_a_killed_lease_holder(s3: S3Process, prefix: str, tmp_path: Path, stage
     assert max(counts.values()) <= 2
     if stage == "committed":  # the commit landed: nobody computes again
         assert max(counts.values()) == 1
+    _parts_named_exist(s3, prefix)
+
+
+def test_a_holder_killed_mid_upload(s3: S3Process, prefix: str, tmp_path: Path) -> None:
+    """The holder is SIGKILLed while the server holds its part's upload: the object never
+    appears, no manifest names it, and two nodes take over; each key at most twice."""
+    log = tmp_path / "log"
+    so = s3.storage_options()
+    s3.inject([Fault("stall", "/parts/", "PUT", count=1, seconds=20.0)])
+    doomed = launch(tmp_path, "doomed", KEYS, prefix, spec_env(log, ttl=TTL), storage_options=so)
+    deadline = time.monotonic() + 120  # hang guard
+    while not any(r.startswith("PUT ") and "/parts/" in r for r in s3.stalled()):
+        assert doomed.proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    doomed.proc.kill()
+    assert doomed.result()["returncode"] == -signal.SIGKILL
+    verdicts = _nodes(tmp_path, prefix, lambda n: spec_env(log, ttl=TTL), nodes=2, agents=1,
+                      storage_options=so)
+    _assert_all_right(verdicts)
+    counts = computed(log)
+    assert set(counts) == set(KEYS) and set(counts.values()) == {2}
     _parts_named_exist(s3, prefix)
 
 

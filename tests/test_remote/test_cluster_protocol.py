@@ -6,6 +6,7 @@ writes per key, counts requests and injects faults) and a local directory.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import signal
 import threading
@@ -216,3 +217,41 @@ def test_lock_timeout_bounds_the_wait_for_another_machines_lease(tmp_path: Path)
     finally:
         slow.proc.send_signal(signal.SIGKILL)
         slow.proc.wait(60)
+
+
+def test_records_skips_and_merges_through_a_shared_directory(tmp_path: Path) -> None:
+    """Records travel as any part does; calls alternating between two nodes add keys
+    incrementally (each record computed once over both nodes), past 4 parts the holder merges
+    them into one; with on_error="skip" a failing key is skipped by the call that built and
+    retried by the next one, as without remote=."""
+    from tests.support._cache_loaders import log_lines
+    from tests.support._records import FIELDS, RecordLoader, expected, same, write_sources
+
+    paths = write_sources(tmp_path / "src", 90)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    log = tmp_path / "log"
+    loader = RecordLoader(log)
+    for step in range(6):
+        want = paths[: 40 + step * 10]
+        s = tsc.cached(want, loader=loader, loader_id="records/1", fields=FIELDS,
+                       cache_dir=tmp_path / f"node{step % 2}", remote=str(shared), workers=1,
+                       progress=False)
+        assert all(same(s[p], expected(p)) for p in want)
+        s.close()
+    assert sorted(k for _pid, k in log_lines(log)) == sorted(paths), "each computed once"
+    [ns] = [d for d in shared.iterdir() if d.name != ".tsc-probe"]
+    history = [len(json.loads(m.read_text())["parts"]) for m in sorted(ns.glob("manifests/*"))]
+    assert history == [1, 2, 3, 4, 5, 1, 2]  # merged into one past 4 parts
+
+    def flaky(p: str) -> np.ndarray:
+        if p.endswith("bad"):
+            raise ValueError("cannot read")
+        return np.ones(2, np.float32)
+
+    kw = {"loader": flaky, "loader_id": "flaky/1", "identity": "none", "remote": str(shared),
+          "on_error": "skip", "progress": False, "workers": 1}
+    first = tsc.cached(["a", "bad"], cache_dir=tmp_path / "node0", **kw)  # type: ignore[arg-type]
+    assert len(first) == 1 and [k for k, _r in first.spec.skipped] == ["bad"]
+    other = tsc.cached(["a", "b"], cache_dir=tmp_path / "node1", **kw)  # type: ignore[arg-type]
+    assert len(other) == 2

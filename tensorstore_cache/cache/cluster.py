@@ -26,14 +26,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptStoreError
-from ..fs import remove_tree, write_json_durable
+from ..fs import discard_tree, remove_tree, write_json_durable
 from ..remote import (
     LeaseTimes,
     PartRef,
@@ -126,7 +125,7 @@ def fill_remote(
                 lease.release()
             excused |= built_skipped
     finally:
-        shutil.rmtree(node.scratch, ignore_errors=True)
+        discard_tree(node.scratch)
 
 
 def _hold(
@@ -241,7 +240,7 @@ class _Node:
 def _scratch(ns: Namespace) -> Path:
     """A fresh directory for bundles on their way (the node's lock makes it ours alone)."""
     path = ns.root / _SCRATCH
-    shutil.rmtree(path, ignore_errors=True)
+    discard_tree(path)
     os.mkdir(path, ns.trust.dir_mode)
     return path
 

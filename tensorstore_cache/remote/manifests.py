@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import xxhash
 
 from ..errors import CorruptStoreError, StoreNotFoundError, UnsafeRemoteError
 from ..format import hashes_path
+from ..fs import discard_tree
 from .objects import Objects, new_token
 
 __all__ = ["PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional"]
@@ -193,7 +193,7 @@ class RemoteNamespace:
                     os.replace(unpacked / _SIDE, hashes_path(target))
                 os.rename(unpacked / "part", target)
             finally:
-                shutil.rmtree(unpacked, ignore_errors=True)
+                discard_tree(unpacked)
         finally:
             bundle.unlink(missing_ok=True)
 

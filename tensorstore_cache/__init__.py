@@ -32,6 +32,7 @@ from .errors import (
     StoreReplacedError,
     TensorStoreCacheError,
     UnnamedLoaderError,
+    UnsafeRemoteError,
     UntrustedCacheError,
 )
 from .format import FORMAT_VERSION, Fixed, Ragged, StoreSpec, Text, VerifyReport
@@ -66,6 +67,7 @@ __all__ = [
     "TensorStoreCacheError",
     "Text",
     "UnnamedLoaderError",
+    "UnsafeRemoteError",
     "UntrustedCacheError",
     "VerifyReport",
     "__version__",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .cache import CacheOptions, NamespaceDirectory, cached_store, is_namespace
+from .cache import CacheOptions, NamespaceDirectory, RemoteOptions, cached_store, is_namespace
 from .config import Identity, LocalCopy, OnError, OnStale, check_mode
 from .errors import CacheLimitWarning, CorruptStoreError, StoreNotFoundError, warn_once
 from .format import (
@@ -459,6 +459,8 @@ def cached(
     share_with: str | int | None = None,
     fields: Mapping[str, Field] | Sequence[str] | None = None,
     identity: Identity | None = None,
+    remote: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> CacheStore:
     """Return a store holding the vector of every path, computing only what is missing.
 
@@ -551,6 +553,19 @@ def cached(
         ``0o2770``, files ``0o640`` (``0o660`` for lock files and
         ``last_used``), and each item is computed once for all members.
         Every member must pass the same group.
+    remote
+        Share the namespace with other machines (default ``$TSC_REMOTE``,
+        else none): an fsspec URL of a prefix on a store that supports
+        create-only writes (``s3://bucket/prefix``; S3, MinIO, R2, ...) or a
+        directory every machine mounts (NFS, Lustre). Each item is then
+        computed once in the whole cluster: the node whose call needs it
+        first holds a lease, builds, uploads one object per part and commits
+        a numbered manifest by a create-only write; the others wait and
+        fetch. ``cache_dir`` is this node's copy. See "One cache for a
+        cluster" in the documentation.
+    storage_options
+        With ``remote``: options of the fsspec filesystem (credentials,
+        ``endpoint_url``, ...), as :func:`open_store` takes them.
 
     Returns
     -------
@@ -582,6 +597,8 @@ def cached(
         :class:`BatchLoader`.
     PermissionError
         If you are not a member of the ``share_with`` group.
+    UnsafeRemoteError
+        If ``remote`` ignores create-only writes (probed once per node cache).
 
     Examples
     --------
@@ -621,8 +638,24 @@ def cached(
     options = CacheOptions(
         build=build_options, identity=kind, tokens=tokens, on_stale=on_stale,
         lock_timeout=lock_timeout, named=named,
+        remote=_remote(remote, storage_options),
     )
     return cached_store(root, keys, options)
+
+
+def _remote(
+    remote: str | os.PathLike[str] | None, storage_options: dict[str, Any] | None
+) -> RemoteOptions | None:
+    """The ``remote=`` of :func:`cached` (else ``$TSC_REMOTE``), checked."""
+    where = os.fspath(remote) if remote is not None else os.environ.get(config.REMOTE_ENV, "")
+    if not where.strip():
+        if storage_options is not None:
+            raise ValueError("storage_options= is given without remote= (or $TSC_REMOTE)")
+        return None
+    if not is_url(where) and not os.path.isdir(where):
+        raise ValueError(f"remote={where!r} is neither a URL nor an existing directory; give "
+                         "s3://bucket/prefix (any fsspec URL) or a directory every machine mounts")
+    return RemoteOptions(url=where, storage_options=storage_options)
 
 
 def _batching(loader: Loader | BatchLoader | None, executor: Executor | None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ __all__ = [
     "OnError",
     "OnStale",
     "Recorded",
+    "REMOTE_ENV",
     "SHARD_BYTES",
     "SourceCheck",
     "__version__",
@@ -60,6 +61,8 @@ CACHE_GROUP_ENV = "TSC_CACHE_GROUP"
 MAX_BYTES_ENV = "TSC_CACHE_MAX_BYTES"
 #: Environment variable that turns file locking off when set to ``0``.
 LOCKS_ENV = "TSC_CACHE_LOCKS"
+#: The remote prefix a cached() call shares its namespace through (cached(remote=...)).
+REMOTE_ENV = "TSC_REMOTE"
 
 #: Largest group ``zarr.json`` a reader accepts (it lists every file and skipped source).
 MAX_GROUP_JSON = 64 << 20

@@ -13,6 +13,7 @@ exception a caller would already catch for the same situation::
     ├── StoreExistsError (FileExistsError)   the build target already exists
     ├── StoreLockedError (TimeoutError)      waiting for another builder's lock timed out
     ├── StoreNotFoundError (FileNotFoundError)  no store at the given location
+    ├── UnsafeRemoteError (OSError)          a remote= store that ignores create-only writes
     └── UntrustedCacheError (PermissionError)   a cache file someone untrusted could have written
 
     StorePermissionWarning (UserWarning)     a store opened by path that others can write
@@ -45,6 +46,7 @@ __all__ = [
     "StoreReplacedError",
     "TensorStoreCacheError",
     "UnnamedLoaderError",
+    "UnsafeRemoteError",
     "UntrustedCacheError",
     "warn_once",
 ]
@@ -308,6 +310,17 @@ class StoreNotFoundError(TensorStoreCacheError, FileNotFoundError):
     ... except FileNotFoundError as err:
     ...     print(err)
     no store at 'no-such.tsc'; build one with tensorstore_cache.build_store (or check the path)
+    """
+
+
+class UnsafeRemoteError(TensorStoreCacheError, OSError):
+    """The ``remote=`` of :func:`~tensorstore_cache.cached` ignores create-only writes.
+
+    A one-time probe creates one object twice (``If-None-Match: *`` on S3, a
+    hard link on a shared directory); when the second create replaces the
+    first, machines could overwrite each other's commits, so the remote is
+    refused. The verdict is kept in the node cache (the message names the file
+    to delete to probe again).
     """
 
 

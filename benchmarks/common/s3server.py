@@ -4,9 +4,17 @@ Every request is logged server side as ``(method, key, status, bytes sent)``
 so tests and benchmarks can tell exactly what a reader fetched. A response
 can be made to stall part-way (``stall``), as a slow or dying network would.
 
+Conditional writes (``If-None-Match``/``If-Match``) are serialised per key: moto
+checks the condition and then writes without a lock, so two threaded requests
+could both win. Faults are injected on request (:class:`Fault`, ``POST
+/_tsc/faults``): a lost response (the write is applied, the client is told 500
+and retries), ``409 ConditionalRequestConflict``, ``503 SlowDown``, a stall
+before the request is served, and a server that ignores conditional headers.
+
 Run standalone (``python -m benchmarks.common.s3server``, as :class:`S3Process` does:
 then the server does not share the reader's GIL) it prints its port and serves
-``GET /_tsc/log`` (the log as JSON), ``POST /_tsc/reset`` and ``POST /_tsc/stall``.
+``GET /_tsc/log`` (the log as JSON), ``POST /_tsc/reset``, ``POST /_tsc/stall`` and
+``POST /_tsc/faults``.
 Used by the tests of remote stores and by ``benchmarks/remote/remote.py``.
 """
 
@@ -23,7 +31,33 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CountingS3", "Request", "S3Process"]
+__all__ = ["CountingS3", "Fault", "Request", "S3Process"]
+
+#: The faults a :class:`Fault` can inject.
+FAULT_KINDS = ("lost", "conflict", "slowdown", "stall", "ignore_conditions")
+
+
+@dataclass
+class Fault:
+    """Inject ``kind`` into the next ``count`` requests (-1: every one) of ``method`` whose
+    key contains ``match``."""
+
+    kind: str
+    match: str = ""
+    method: str = "PUT"
+    count: int = 1
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {self.kind!r}; one of {FAULT_KINDS}")
+
+
+def _error(code: int, name: str, message: str) -> tuple[str, bytes]:
+    reason = {409: "Conflict", 500: "Internal Server Error", 503: "Slow Down"}[code]
+    body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{name}</Code>'
+            f"<Message>{message}</Message></Error>").encode()
+    return f"{code} {reason}", body
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +77,10 @@ class CountingS3:
     port: int = 0
     log: list[Request] = field(default_factory=list)
     stalls: dict[str, tuple[int, float]] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
+    stalled: list[str] = field(default_factory=list)  # "METHOD key" of requests held by a stall
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _key_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _busy: int = 0
 
     def settle(self, timeout: float = 10.0) -> None:
@@ -121,6 +158,18 @@ class CountingS3:
                 self.stalls.update({k: (int(v[0]), float(v[1])) for k, v in wanted.items()})
                 start_response("200 OK", [])
                 return [b""]
+            if path == "/_tsc/stalled":
+                with self._lock:
+                    body = json.dumps(self.stalled).encode()
+                start_response("200 OK", [("Content-Type", "application/json")])
+                return [body]
+            if path == "/_tsc/faults":  # body: a list of Fault fields, replacing the faults
+                size = int(environ.get("CONTENT_LENGTH") or 0)
+                wanted = json.loads(environ["wsgi.input"].read(size) or b"[]")
+                with self._lock:
+                    self.faults[:] = [Fault(**f) for f in wanted]
+                start_response("200 OK", [])
+                return [b""]
             status: list[int] = [0]
 
             def recording_start(st: str, headers: list[tuple[str, str]], *a: Any) -> Any:
@@ -131,7 +180,7 @@ class CountingS3:
                 self._busy += 1
             started = time.monotonic()
             try:
-                served = app(environ, recording_start)
+                served = self._serve(app, environ, recording_start, path.lstrip("/"))
             except BaseException:
                 with self._lock:
                     self._busy -= 1
@@ -143,6 +192,52 @@ class CountingS3:
                                started)
 
         return middleware
+
+    def _take_fault(self, method: str, key: str) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if fault.count != 0 and fault.method == method and fault.match in key:
+                    if fault.count > 0:
+                        fault.count -= 1
+                    return fault
+        return None
+
+    def _serve(self, app: Callable[..., Iterable[bytes]], environ: dict[str, Any],
+               start_response: Callable[..., Any], key: str) -> Iterable[bytes]:
+        """Serve one request through moto, with the fault it is given (if any)."""
+        fault = self._take_fault(environ["REQUEST_METHOD"], key)
+        kind = fault.kind if fault is not None else None
+        if fault is not None and kind == "stall":
+            held = f"{environ['REQUEST_METHOD']} {key}"
+            with self._lock:
+                self.stalled.append(held)
+            time.sleep(fault.seconds)
+            with self._lock:
+                self.stalled.remove(held)
+        if kind in ("conflict", "slowdown"):
+            st, body = (_error(409, "ConditionalRequestConflict", "A conflicting operation "
+                               "occurred") if kind == "conflict"
+                        else _error(503, "SlowDown", "Please reduce your request rate."))
+            start_response(st, [("Content-Type", "application/xml")])
+            return [body]
+        if kind == "ignore_conditions":
+            environ.pop("HTTP_IF_NONE_MATCH", None)
+            environ.pop("HTTP_IF_MATCH", None)
+        conditional = "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ
+        if conditional:
+            with self._lock:
+                key_lock = self._key_locks.setdefault(key, threading.Lock())
+            with key_lock:  # moto checks, then writes without a lock
+                served: Iterable[bytes] = list(app(environ, start_response if kind != "lost"
+                                                   else lambda *a: None))
+        else:
+            served = app(environ, start_response if kind != "lost" else lambda *a: None)
+        if kind == "lost":  # applied, but the answer never reaches the client
+            served = list(served)
+            st, body = _error(500, "InternalError", "We encountered an internal error.")
+            start_response(st, [("Content-Type", "application/xml")])
+            return [body]
+        return served
 
     def _count(self, body: Iterable[bytes], method: str, key: str, status: list[int],
                rng: str | None, stall: tuple[int, float] | None,
@@ -217,6 +312,18 @@ class S3Process:
 
     def stall(self, stalls: dict[str, tuple[int, float]]) -> None:
         self._call("/_tsc/stall", json.dumps(stalls).encode())
+
+    def inject(self, faults: list[Fault]) -> None:
+        """Replace the faults to inject (an empty list: none)."""
+        self._call("/_tsc/faults", json.dumps([vars(f) for f in faults]).encode())
+
+    def stalled(self) -> list[str]:
+        """The requests a stall fault holds right now (``"PUT bucket/key"``)."""
+        return list(json.loads(self._call("/_tsc/stalled")))
+
+    def log(self) -> list[Request]:
+        """Every request served since the last reset, of every method."""
+        return [Request(**r) for r in json.loads(self._call("/_tsc/log"))]
 
     def stop(self) -> None:
         if self._proc.poll() is None:

@@ -12,6 +12,7 @@ from .._interface import interface
 
 if TYPE_CHECKING:
     from .cached import CacheOptions, cached_store
+    from .cluster import RemoteOptions
     from .housekeeping import Removed, gc
     from .listing import CacheInfo, list_caches
     from .namespace import NamespaceDirectory, is_namespace
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 #: Every name of the interface, by the module defining it.
 _MODULES = {
     "cached": ("CacheOptions", "cached_store"),
+    "cluster": ("RemoteOptions",),
     "housekeeping": ("Removed", "gc"),
     "listing": ("CacheInfo", "list_caches"),
     "namespace": ("NamespaceDirectory", "is_namespace"),
@@ -28,6 +30,7 @@ __all__ = [
     "CacheInfo",
     "CacheOptions",
     "NamespaceDirectory",
+    "RemoteOptions",
     "Removed",
     "cached_store",
     "gc",

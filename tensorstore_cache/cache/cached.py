@@ -26,6 +26,7 @@ from ..fs import Holder, parse_temp, remove_tree
 from ..identity import LoaderFingerprint
 from ..reader import CacheStore, open_directory, stale_keys, token_map, view_of
 from ..writer import BuildOptions, Schema, build, building, collect_debris, write_merged
+from .cluster import RemoteOptions, fill_remote, lease_deadline
 from .compact import merge_start
 from .fingerprint import fingerprint, namespace_name
 from .loader_record import after_build, before_build
@@ -50,9 +51,11 @@ class CacheOptions:
     on_stale: OnStale = "rebuild"
     """What to do with stale entries."""
     lock_timeout: float | None = None
-    """Seconds to wait at most for another process's build."""
+    """Seconds to wait at most for another process's build (and another machine's lease)."""
     named: LoaderFingerprint | None = None
     """The loader's automatic fingerprint, when it is named by one (no ``loader_id``)."""
+    remote: RemoteOptions | None = None
+    """The remote prefix sharing the namespace with other machines (None: this node only)."""
 
 
 #: Every requested key's version token (``identity="token"``), else None.
@@ -196,6 +199,7 @@ def _under_lock(
     # A worker of this namespace's own build (or its loader) fails here instead of waiting
     # for the lock its builder holds.
     with building(ns.root):
+        deadline = lease_deadline(options.lock_timeout)
         lock = ns.lock()
         locked = lock.acquire(  # False: no locks here
             timeout=options.lock_timeout, on_wait=_reporter(ns, options.build.progress)
@@ -203,6 +207,8 @@ def _under_lock(
         try:
             for attempt in range(_UNLOCKED_ATTEMPTS):
                 try:
+                    if options.remote is not None:
+                        return _fill_remote(ns, keys, options, tokens, options.remote, deadline)
                     return _fill(ns, keys, options, seen, tokens)
                 except _VANISHED:
                     # Under the lock nothing is removed: a true error. Without working
@@ -228,16 +234,44 @@ def _fill(
     again; otherwise (housekeeping removed the namespace or merged parts
     meanwhile) every key is.
     """
-    on_stale = options.on_stale
+    base = ns.current()
+    same = seen is not None and base is not None and set(seen[0]) <= set(base.parts)
+    wanted = seen[1] if same and seen is not None else keys
+    missing, stale, item_shape, schema = _plan_build(ns, base, wanted, options, tokens)
+    todo = missing + stale
+    skipped: set[str] = set()
+    if todo:
+        _sweep_debris(ns)
+        if stale:
+            logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
+        label = _progress_label(options, item_shape, schema, len(missing), len(stale), len(keys))
+        part, skipped = _build_part(ns, todo, options, item_shape, schema, label, tokens)
+        if part is not None:
+            manifest = _publish_part(ns, part, todo)
+            if manifest is not None:
+                _maybe_compact(ns, manifest)
+    final = _open(ns, ns.current(), pin=True)
+    store = final if final is not None else _empty(ns, item_shape)
+    try:
+        _check_complete(store, keys, skipped)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _plan_build(
+    ns: Namespace, base: Manifest | None, wanted: list[str], options: CacheOptions,
+    tokens: _Tokens,
+) -> tuple[list[str], list[str], tuple[int, ...] | None, Schema | None]:
+    """Plan ``wanted`` against manifest ``base``: ``(missing, stale, item_shape, schema)``,
+    the item shape or schema a build must give (the namespace's, else the loader's)."""
     item_shape = options.build.loader.item_shape
     schema = options.build.schema
-    base = ns.current()
     view = _open(ns, base, pin=False)
     try:
-        same = seen is not None and base is not None and set(seen[0]) <= set(base.parts)
-        wanted = seen[1] if same and seen is not None else keys
         missing, stale = _plan(view, wanted, options, tokens)
-        if stale and on_stale == "raise":
+        if stale and options.on_stale == "raise":
             raise StaleSourceError(stale)
         if view is not None and view.spec.records:
             schema = view.spec.schema  # declared, or inferred at the first build: enforced
@@ -254,20 +288,31 @@ def _fill(
     finally:
         if view is not None:
             view.close()
-    todo = missing + stale
-    skipped: set[str] = set()
-    if todo:
+    return missing, stale, item_shape, schema
+
+
+def _fill_remote(
+    ns: Namespace, keys: list[str], options: CacheOptions, tokens: _Tokens,
+    remote: RemoteOptions, deadline: float | None,
+) -> CacheStore:
+    """Under the lock, with ``remote=``: the cluster's namespace holds ``keys`` once this
+    returns (see :mod:`~tensorstore_cache.cache.cluster`); open it and check."""
+
+    def todo() -> list[str]:
+        missing, stale, _shape, _schema = _plan_build(ns, ns.current(), keys, options, tokens)
+        return missing + stale
+
+    def build_part(left: list[str]) -> tuple[str | None, set[str]]:
+        missing, stale, item_shape, schema = _plan_build(ns, ns.current(), left, options,
+                                                         tokens)
         _sweep_debris(ns)
-        if stale:
-            logger.info("recomputing %d stale entries of %s", len(stale), ns.root.name)
-        label = _progress_label(options, item_shape, schema, len(missing), len(stale), len(keys))
-        part, skipped = _build_part(ns, todo, options, item_shape, schema, label, tokens)
-        if part is not None:
-            manifest = _publish_part(ns, part, todo)
-            if manifest is not None:
-                _maybe_compact(ns, manifest)
+        label = _progress_label(options, item_shape, schema, len(missing), len(stale),
+                                len(keys))
+        return _build_part(ns, missing + stale, options, item_shape, schema, label, tokens)
+
+    skipped = fill_remote(ns, remote, deadline, todo, build_part)
     final = _open(ns, ns.current(), pin=True)
-    store = final if final is not None else _empty(ns, item_shape)
+    store = final if final is not None else _empty(ns, options.build.loader.item_shape)
     try:
         _check_complete(store, keys, skipped)
     except BaseException:

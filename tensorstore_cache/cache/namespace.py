@@ -60,6 +60,7 @@ __all__ = [
     "is_namespace",
     "open_namespace",
     "open_parts",
+    "valid_part_id",
 ]
 
 _INFO = "namespace.json"
@@ -83,6 +84,11 @@ class Manifest:
     item_shape: tuple[int, ...] | None
     created_unix: float
     path: Path
+
+
+def valid_part_id(part: str) -> bool:
+    """Whether ``part`` is a part id (as :meth:`Namespace.new_part_id` makes them)."""
+    return _PART_ID.fullmatch(part) is not None
 
 
 def is_namespace(root: Path) -> bool:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         schema_from_json,
         schema_to_json,
     )
-    from .hashes import HASH_SUFFIX, read_hashes, write_hashes
+    from .hashes import HASH_SUFFIX, hashes_path, read_hashes, write_hashes
     from .keys import (
         KeyLayout,
         encode_as_given,
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 #: Every name of the interface, by the module defining it.
 _MODULES = {
     "fields": ("FIELDS", "Field", "FieldLayout", "Fixed", "Ragged", "Text", "check_name", "chunk_rows", "schema_from_json", "schema_to_json",),
-    "hashes": ("HASH_SUFFIX", "read_hashes", "write_hashes",),
+    "hashes": ("HASH_SUFFIX", "hashes_path", "read_hashes", "write_hashes",),
     "keys": ("KeyLayout", "encode_as_given", "encode_key", "encode_keys", "encode_keys_laid_out", "hash_encoded", "hash_key", "key_layout", "normalize_key", "normalize_keys", "path_sequence",),
     "metadata": ("GROUP", "INDEX_ARRAYS", "VECTORS", "GroupMetadata", "array_documents", "fetched_dirs", "fetched_files", "first_file_ids", "index_array_length", "index_array_metadata", "shard_key",),
     "shard": ("MappedShard", "map_shard_fd", "open_shard", "write_shard",),
@@ -97,6 +97,7 @@ __all__ = [
     "first_file_ids",
     "hash_encoded",
     "hash_key",
+    "hashes_path",
     "index_array_length",
     "index_array_metadata",
     "key_layout",

@@ -20,7 +20,10 @@ from .._interface import interface
 
 if TYPE_CHECKING:
     from .copy import RemoteStore
+    from .lease import Lease, LeaseTimes, acquire, monotonic, stage
+    from .manifests import PartRef, RemoteManifest, RemoteNamespace, check_conditional
     from .node_cache import NodeCache, Removed, collect, requested_cap
+    from .objects import DirectoryObjects, Objects, S3Objects, objects_at
     from .upload import (
         check_target,
         discard_files,
@@ -32,20 +35,33 @@ if TYPE_CHECKING:
         upload_store,
         withdraw_store,
     )
-    from .urls import file_url_path, is_url, remote_cache_root
+    from .urls import file_url_path, is_url, remote_cache_root, url_dir
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
     "copy": ("RemoteStore",),
+    "lease": ("Lease", "LeaseTimes", "acquire", "monotonic", "stage"),
+    "manifests": ("PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional"),
+    "objects": ("DirectoryObjects", "Objects", "S3Objects", "objects_at"),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
-    "urls": ("file_url_path", "is_url", "remote_cache_root"),
+    "urls": ("file_url_path", "is_url", "remote_cache_root", "url_dir"),
 }
 
 __all__ = [
+    "DirectoryObjects",
+    "Lease",
+    "LeaseTimes",
     "NodeCache",
+    "Objects",
+    "PartRef",
+    "RemoteManifest",
+    "RemoteNamespace",
     "RemoteStore",
     "Removed",
+    "S3Objects",
+    "acquire",
+    "check_conditional",
     "check_target",
     "collect",
     "discard_files",
@@ -53,12 +69,16 @@ __all__ = [
     "download_files",
     "file_url_path",
     "is_url",
+    "monotonic",
+    "objects_at",
     "remote_cache_root",
     "requested_cap",
     "shared_between_processes",
+    "stage",
     "staging_dir",
     "upload_file",
     "upload_store",
+    "url_dir",
     "withdraw_store",
 ]
 

@@ -1,0 +1,250 @@
+"""One namespace for a cluster: a node's namespace kept in step with a remote prefix.
+
+With ``cached(..., remote=URL)`` the node's namespace directory (in
+``cache_dir``) is this node's copy of the namespace of the same name under
+``URL`` (see :mod:`tensorstore_cache.remote.manifests`): its manifest always
+lists exactly the parts of a remote generation. Everything here runs in the
+process holding the node's build lock, so the agents of one node meet at
+that lock and only its holder talks to the remote:
+
+1. find the current remote generation (from the one this node last saw, else
+   the head hint) and fetch the parts this node lacks;
+2. nothing left to compute: done; else hold the lease on that generation,
+   or wait, polling the next manifest and the lease, until someone commits
+   (then go to 1) or the lease goes a lease time without a heartbeat (take over);
+3. the holder builds what is missing into a local part, uploads it as one
+   object, then commits by creating the next manifest; a lost race reads
+   the winner's manifest, fetches its parts and adopts it when it holds our
+   keys, else commits after it. Past :data:`MAX_REMOTE_PARTS` parts the holder
+   merges them into one and commits that too.
+
+Correctness rests on the create-only manifests alone; the lease only saves work.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorruptStoreError
+from ..fs import discard_tree, remove_tree, write_json_durable
+from ..remote import (
+    LeaseTimes,
+    PartRef,
+    RemoteManifest,
+    RemoteNamespace,
+    acquire,
+    check_conditional,
+    monotonic,
+    objects_at,
+    remote_cache_root,
+    stage,
+    url_dir,
+)
+from ..writer import write_merged
+from .namespace import Namespace, valid_part_id
+
+__all__ = ["MAX_REMOTE_PARTS", "RemoteOptions", "fill_remote", "lease_deadline", "probe_file"]
+
+#: More parts than this in a remote generation are merged into one by the next holder.
+MAX_REMOTE_PARTS = 4
+_STATE = "remote.json"
+_SCRATCH = "remote-scratch"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoteOptions:
+    """Where a cached() call's namespace is shared, and the lease's times."""
+
+    url: str
+    """The remote prefix: an fsspec URL, a ``file://`` URL or a shared directory."""
+    storage_options: Mapping[str, Any] | None = None
+    """Options of the fsspec filesystem."""
+    times: LeaseTimes = field(default_factory=LeaseTimes.from_env)
+    """Lease time, heartbeat and polls."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """The remote generation this node's namespace mirrors."""
+
+    generation: int
+    parts: tuple[PartRef, ...]
+
+
+#: Returns the keys of the call still to compute against the node's current namespace.
+Todo = Callable[[], list[str]]
+#: Builds keys into a new local part: its id (None if every key was skipped), the skipped keys.
+Build = Callable[[list[str]], tuple[str | None, set[str]]]
+
+
+def probe_file(cache_dir: Path, url: str) -> Path:
+    """Where the node cache keeps its verdict on whether ``url`` honours create-only writes."""
+    return remote_cache_root(cache_dir) / "probes" / f"{url_dir(url)}.json"
+
+
+def fill_remote(
+    ns: Namespace, remote: RemoteOptions, deadline: float | None, todo: Todo, build: Build
+) -> set[str]:
+    """Under the node's lock: bring the namespace in step with the remote and compute, once in
+    the cluster, what the call still lacks; return the keys skipped (``on_error="skip"``),
+    by this node or by the commits it waited for.
+
+    ``deadline`` (on :func:`~tensorstore_cache.remote.monotonic`) bounds the wait for
+    another machine's lease (:class:`~tensorstore_cache.StoreLockedError`).
+    """
+    objects = objects_at(remote.url, remote.storage_options)
+    check_conditional(objects, probe_file(ns.root.parent, objects.url))
+    node = _Node(ns, RemoteNamespace(objects, ns.root.name), _scratch(ns), objects.url)
+    seen = node.read_seen()
+    excused: set[str] = set()
+    try:
+        while True:
+            manifest, same, skipped = node.rns.current(
+                seen.generation if seen is not None else None)
+            excused |= skipped
+            if not same or seen is None:
+                seen = node.sync(manifest)
+            left = [k for k in todo() if k not in excused]
+            if not left:
+                return excused
+            base = seen
+            nxt = base.generation + 1
+            lease = acquire(objects, node.rns.rel("leases"), base.generation,
+                            functools.partial(node.rns.exists, nxt), remote.times, deadline)
+            if lease is None:
+                continue  # someone committed the next generation: fetch it, plan again
+            try:
+                seen, built_skipped = _hold(node, base, left, todo, build)
+            finally:
+                lease.release()
+            excused |= built_skipped
+    finally:
+        discard_tree(node.scratch)
+
+
+def _hold(
+    node: _Node, base: _Seen, left: list[str], todo: Todo, build: Build
+) -> tuple[_Seen, set[str]]:
+    """Holding the lease: build ``left``, upload, commit; return what is committed and skipped."""
+    stage("leased")
+    part, skipped = build(left)
+    stage("built")
+    ref = node.upload(part) if part is not None else None
+    stage("uploaded")
+    current = base
+    while True:
+        parts = [*current.parts, *([ref] if ref is not None else [])]
+        if node.rns.commit(current.generation + 1, parts, sorted(skipped)):
+            break
+        theirs = node.rns.read_manifest(current.generation + 1)
+        if theirs is None:
+            raise CorruptStoreError(f"{node.rns.where()!r}: generation "
+                                    f"{current.generation + 1} was taken but cannot be read")
+        current = node.sync(theirs)
+        if not [k for k in todo() if k not in skipped]:
+            return current, skipped  # the winner holds our keys: ours is never referenced
+    stage("committed")
+    committed = node.publish(_Seen(current.generation + 1, tuple(parts)))
+    node.rns.write_head(committed.generation)
+    if len(committed.parts) > MAX_REMOTE_PARTS:
+        committed = _compact(node, committed)
+    return committed, skipped
+
+
+def _compact(node: _Node, seen: _Seen) -> _Seen:
+    """Merge every part of ``seen`` into one, upload it and commit it as the next generation."""
+    ns = node.ns
+    part = ns.new_part_id()
+    with ns.open_parts([p.id for p in seen.parts], pin=False) as merged:
+        write_merged(merged, ns.part_dir(part), trust=ns.trust)
+    ref = node.upload(part)
+    if not node.rns.commit(seen.generation + 1, [ref], []):
+        remove_tree(ns.part_dir(part))  # someone committed meanwhile: keep theirs
+        return seen
+    committed = node.publish(_Seen(seen.generation + 1, (ref,)))
+    node.rns.write_head(committed.generation)
+    return committed
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """This node's namespace, the remote one, and a scratch directory for bundles."""
+
+    ns: Namespace
+    rns: RemoteNamespace
+    scratch: Path
+    url: str
+
+    def upload(self, part: str) -> PartRef:
+        return self.rns.upload_part(self.ns.part_dir(part), part, self.scratch)
+
+    def sync(self, manifest: RemoteManifest | None) -> _Seen:
+        """Fetch the parts of ``manifest`` this node lacks and make it the node's manifest."""
+        if manifest is None:
+            return self.publish(_Seen(0, ()))
+        ns = self.ns
+        for ref in manifest.parts:
+            if not valid_part_id(ref.id):
+                raise CorruptStoreError(f"{self.rns.where()!r}: generation "
+                                        f"{manifest.generation} names {ref.id!r}, not a part id")
+            if not ns.part_dir(ref.id).is_dir():
+                self.rns.download_part(ref, ns.part_dir(ref.id), self.scratch,
+                                       ns.trust.dir_mode, ns.trust.file_mode)
+        return self.publish(_Seen(manifest.generation, manifest.parts))
+
+    def publish(self, seen: _Seen) -> _Seen:
+        """Publish a node manifest listing exactly ``seen``'s parts (unless it does already)
+        and remember which remote generation it mirrors."""
+        ns = self.ns
+        local = ns.current()
+        ids = [p.id for p in seen.parts]
+        if local is None or list(local.parts) != ids:
+            entries, shape = 0, None
+            if ids:
+                with ns.open_parts(ids, pin=False) as view:
+                    entries, shape = len(view), view.spec.item_shape
+            published = ns.publish(ids, base=local.generation if local is not None else 0,
+                                   entries=entries, item_shape=shape)
+            if published is None:  # only where locks do not work
+                raise CorruptStoreError(f"{ns.root}: another process published while this one "
+                                        "held the build lock; locks do not work here")
+        tmp = ns.root / f".{_STATE}.tmp"
+        write_json_durable(tmp, {"url": self.url, "generation": seen.generation,
+                                 "parts": [p.doc() for p in seen.parts]}, trust=ns.trust)
+        os.replace(tmp, ns.root / _STATE)
+        return seen
+
+    def read_seen(self) -> _Seen | None:
+        """The remote generation the node mirrors (None: unknown, another URL's, or changed
+        since by housekeeping)."""
+        try:
+            doc = json.loads((self.ns.root / _STATE).read_text())
+            if doc.get("url") != self.url:
+                return None
+            parts = tuple(PartRef(str(p["id"]), int(p["size"]), str(p["xxh3"]))
+                          for p in doc["parts"])
+            local = self.ns.current()
+            if [p.id for p in parts] != (list(local.parts) if local is not None else []):
+                return None
+            return _Seen(int(doc["generation"]), parts)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def _scratch(ns: Namespace) -> Path:
+    """A fresh directory for bundles on their way (the node's lock makes it ours alone)."""
+    path = ns.root / _SCRATCH
+    discard_tree(path)
+    os.mkdir(path, ns.trust.dir_mode)
+    return path
+
+
+def lease_deadline(timeout: float | None) -> float | None:
+    """The deadline of a wait of ``timeout`` seconds on the lease's clock."""
+    return None if timeout is None else monotonic() + timeout

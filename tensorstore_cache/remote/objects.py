@@ -1,0 +1,314 @@
+"""Create-only objects: the one primitive a commit shared by several machines needs.
+
+A :class:`Objects` is a flat set of named objects under one remote prefix
+with five operations: :meth:`~Objects.create` (only if the name is free),
+:meth:`~Objects.read`, :meth:`~Objects.write` (overwrite, for hints and a
+lease's heartbeat), and whole-file :meth:`~Objects.put_file` /
+:meth:`~Objects.get_file`. Two implementations:
+
+- :class:`S3Objects`: any fsspec filesystem whose ``pipe_file`` takes
+  ``mode="create"`` (s3fs sends ``If-None-Match: *``, answered 412 when the
+  name is taken; a MinIO that answers 304 means the same).
+- :class:`DirectoryObjects`: a directory on a filesystem every machine
+  mounts (NFS, Lustre, ...): a create is a hard :func:`os.link` of a
+  complete temporary file, which fails when the name exists; no ``flock``.
+
+A create's body carries its writer's token. When a create fails because the
+name is taken, or fails in a way that may hide a success (a lost response, a
+409, a timeout that the client retried into a false "exists"), the object is
+read back: our token means the create landed. So :meth:`Objects.create`
+answers exactly "did my write become the object".
+
+Errors that clear on their own (503 ``SlowDown``, 409 ``ConditionalRequestConflict``,
+timeouts, a reset connection) are retried with jittered backoff a bounded
+number of times, then raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import UnsafeRemoteError
+from .urls import file_url_path, filesystem, is_url
+
+__all__ = ["DirectoryObjects", "Objects", "S3Objects", "new_token", "objects_at"]
+
+_T = TypeVar("_T")
+
+#: Attempts of one operation whose errors may clear on their own.
+ATTEMPTS = 8
+#: Largest pause between two attempts (seconds; jittered).
+MAX_PAUSE = 4.0
+#: Largest object read as JSON (manifests, leases, hints).
+MAX_JSON = 64 << 20
+
+
+def new_token() -> str:
+    """A fresh writer token: unique across machines and processes."""
+    return uuid.uuid4().hex
+
+
+class Objects:
+    """Named objects under one prefix; subclasses implement the raw operations."""
+
+    url: str
+    """The prefix, as the user gave it (shown in messages)."""
+
+    def _create(self, rel: str, data: bytes) -> bool:
+        """Create ``rel`` unless it exists; True if this call created it (raw answer)."""
+        raise NotImplementedError
+
+    def _read(self, rel: str) -> bytes | None:
+        raise NotImplementedError
+
+    def _write(self, rel: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _put_file(self, local: Path, rel: str) -> None:
+        raise NotImplementedError
+
+    def _get_file(self, rel: str, local: Path) -> None:
+        raise NotImplementedError
+
+    def where(self, rel: str) -> str:
+        """The URL (or path) of ``rel``, for messages."""
+        return f"{self.url.rstrip('/')}/{rel}"
+
+    def create(self, rel: str, body: Mapping[str, Any], token: str) -> bool:
+        """Create ``rel`` holding ``body`` and ``token`` unless it exists; True if ours.
+
+        A raw "exists" (or an error that may hide a success) is checked by
+        reading the object back: it is ours exactly when it holds our token.
+        """
+        data = json.dumps({**body, "writer": token}, sort_keys=True).encode()
+        for attempt in range(ATTEMPTS):
+            try:
+                if self._create(rel, data):
+                    return True
+            except OSError as exc:
+                if not _transient(exc) or attempt == ATTEMPTS - 1:
+                    raise
+                _pause(attempt)
+            found = self.read_json(rel)
+            if found is not None:
+                return found.get("writer") == token
+            # absent after a failed create (a 409, or an error before it applied): again
+        raise OSError(errno.EIO, f"could not create {self.where(rel)!r}")
+
+    def create_raw(self, rel: str, data: bytes) -> bool:
+        """The store's own answer to a create of ``rel`` (no read-back): True if it says
+        created."""
+        return _retrying(lambda: self._create(rel, data))
+
+    def read(self, rel: str) -> bytes | None:
+        """The object's bytes, None if there is no such object."""
+        return _retrying(lambda: self._read(rel))
+
+    def read_json(self, rel: str) -> dict[str, Any] | None:
+        """The object as a JSON object, None if absent.
+
+        Raises
+        ------
+        ValueError
+            If it is not a JSON object (named in the message).
+        """
+        raw = self.read(rel)
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.where(rel)!r} is not JSON ({exc}); it was damaged or "
+                             "written by something else: remove the namespace's prefix") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{self.where(rel)!r} is not a JSON object")
+        return doc
+
+    def write(self, rel: str, body: Mapping[str, Any]) -> None:
+        """Write ``rel`` (replacing it) as JSON; only for objects one writer owns or hints."""
+        data = json.dumps(dict(body), sort_keys=True).encode()
+        _retrying(lambda: self._write(rel, data))
+
+    def put_file(self, local: Path, rel: str) -> None:
+        """Upload the local file as ``rel`` (whole, atomic: readers see all of it or nothing)."""
+        _retrying(lambda: self._put_file(local, rel))
+
+    def get_file(self, rel: str, local: Path) -> None:
+        """Download ``rel`` into the local file ``local``.
+
+        Raises
+        ------
+        FileNotFoundError
+            If there is no such object.
+        """
+        _retrying(lambda: self._get_file(rel, local))
+
+
+def _transient(exc: OSError) -> bool:
+    """Whether an error may clear on its own (503, 409, 500, a timeout, a reset)."""
+    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError,
+                        IsADirectoryError, NotADirectoryError)):
+        return False
+    text = str(exc)
+    return not any(s in text for s in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId"))
+
+
+def _pause(attempt: int) -> None:
+    time.sleep(random.uniform(0.5, 1.0) * min(MAX_PAUSE, 0.1 * 2**attempt))
+
+
+def _retrying(call: Callable[[], _T]) -> _T:
+    for attempt in range(ATTEMPTS):
+        try:
+            return call()
+        except OSError as exc:
+            if not _transient(exc) or attempt == ATTEMPTS - 1:
+                raise
+            _pause(attempt)
+    raise AssertionError("unreachable")
+
+
+class S3Objects(Objects):
+    """Objects at an fsspec URL whose filesystem supports create-only writes (s3fs)."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
+        self.url = url
+        self._fs, self._root = filesystem(url, storage_options)
+        protocols = self._fs.protocol if isinstance(self._fs.protocol, tuple) else (
+            self._fs.protocol,)
+        # s3fs asks for the size first (a HEAD) unless a whole read is one request
+        self._read_kw: dict[str, Any] = {"max_concurrency": 1} if "s3" in protocols else {}
+
+    def _path(self, rel: str) -> str:
+        return f"{self._root}/{rel}"
+
+    def _create(self, rel: str, data: bytes) -> bool:
+        try:
+            self._fs.pipe_file(self._path(rel), data, mode="create")
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if _status(exc) in (304, 412):
+                return False  # an older MinIO answers 304 Not Modified for "exists"
+            raise
+        return True
+
+    def _read(self, rel: str) -> bytes | None:
+        try:
+            return bytes(self._fs.cat_file(self._path(rel), **self._read_kw))
+        except FileNotFoundError:
+            return None
+
+    def _write(self, rel: str, data: bytes) -> None:
+        self._fs.pipe_file(self._path(rel), data)
+
+    def _put_file(self, local: Path, rel: str) -> None:
+        self._fs.put_file(str(local), self._path(rel))
+
+    def _get_file(self, rel: str, local: Path) -> None:
+        self._fs.get_file(self._path(rel), str(local))
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of the S3 answer behind ``exc`` (s3fs keeps botocore's error as the
+    cause), None if there was none."""
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if not isinstance(response, dict):
+        return None
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
+
+
+class DirectoryObjects(Objects):
+    """Objects as files of a directory shared by every machine (create-only by ``link``)."""
+
+    def __init__(self, root: Path, url: str | None = None) -> None:
+        self.root = root
+        self.url = url if url is not None else str(root)
+
+    def _path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def _temp(self, final: Path) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return final.parent / f".{final.name}.{new_token()}.tmp"
+
+    def _write_temp(self, final: Path, data: bytes) -> Path:
+        tmp = self._temp(final)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def _create(self, rel: str, data: bytes) -> bool:
+        final = self._path(rel)
+        tmp = self._write_temp(final, data)
+        try:
+            os.link(tmp, final)  # fails if the name exists, on every machine's view
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise UnsafeRemoteError(
+                    f"the shared directory {self.url!r} does not support hard links "
+                    f"({exc.strerror}), the create-only write a commit needs; use a filesystem "
+                    "with them (NFS, Lustre, GPFS, BeeGFS, CephFS) or an object store"
+                ) from None
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        _sync_dir(final.parent)
+        return True
+
+    def _read(self, rel: str) -> bytes | None:
+        try:
+            return self._path(rel).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _write(self, rel: str, data: bytes) -> None:
+        final = self._path(rel)
+        os.replace(self._write_temp(final, data), final)
+
+    def _put_file(self, local: Path, rel: str) -> None:
+        final = self._path(rel)
+        tmp = self._temp(final)
+        shutil.copyfile(local, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _sync_dir(final.parent)
+
+    def _get_file(self, rel: str, local: Path) -> None:
+        shutil.copyfile(self._path(rel), local)
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def objects_at(remote: str, storage_options: Mapping[str, Any] | None) -> Objects:
+    """The objects under ``remote``: an fsspec URL, a ``file://`` URL or a directory path."""
+    if is_url(remote):
+        local = file_url_path(remote)
+        if local is None:
+            return S3Objects(remote.rstrip("/"), storage_options)
+        return DirectoryObjects(local, remote)
+    return DirectoryObjects(Path(remote).absolute())

@@ -1,0 +1,148 @@
+"""Node agents of the cluster tests: ``python -m tests.support._cluster <spec.json>``.
+
+An agent waits for its start file (so that every agent of a test calls at
+once, imports done), calls ``tsc.cached(keys, cache_dir=<its node's cache>,
+remote=...)`` with :func:`vector` as its loader, checks every vector it got
+against :func:`vector`, and writes a JSON verdict. The loader appends each key
+it computes to one log with ``O_APPEND`` (one ``write`` a key), so computations
+are counted over the whole cluster, a killed agent's included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+DIM = 8
+
+
+def vector(key: str) -> np.ndarray:
+    """The vector of ``key``: reproducible from the key alone; logged and slowed on demand."""
+    log = os.environ.get("CLUSTER_LOG")
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{key}\n".encode())
+        finally:
+            os.close(fd)
+    pause = float(os.environ.get("CLUSTER_LOADER_SLEEP") or 0)
+    if pause:
+        time.sleep(pause)
+    return _value(key)
+
+
+def _value(key: str) -> np.ndarray:
+    return np.random.default_rng(xxhash.xxh64_intdigest(key.encode())).random(DIM, dtype=np.float32)
+
+
+def computed(log: Path) -> Counter[str]:
+    """How many times each key was computed, from the log."""
+    if not log.exists():
+        return Counter()
+    return Counter(line for line in log.read_text().splitlines() if line)
+
+
+def spec_env(log: Path, *, ttl: float | None = None, sleep: float = 0.0,
+             extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an agent process."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TSC_TEST_", "TSC_REMOTE", "CLUSTER_"))}
+    env["CLUSTER_LOG"] = str(log)
+    env["CLUSTER_LOADER_SLEEP"] = str(sleep)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    if ttl is not None:
+        env["TSC_REMOTE_LEASE_TTL"] = str(ttl)
+    env.update(extra or {})
+    return env
+
+
+def _run(spec: dict[str, Any]) -> dict[str, Any]:
+    import tensorstore_cache as tsc
+
+    keys: list[str] = spec["keys"]
+    start = Path(spec["start"]) if spec.get("start") else None
+    Path(spec["ready"]).touch()
+    while start is not None and not start.exists():
+        time.sleep(0.01)
+    store = tsc.cached(
+        keys, cache_dir=spec["cache_dir"], remote=spec["remote"],
+        storage_options=spec.get("storage_options"), loader=vector, loader_id="cluster.vec/1",
+        identity="none", workers=1, progress=False, on_error=spec.get("on_error", "raise"),
+        lock_timeout=spec.get("lock_timeout"),
+    )
+    got = store.take(store.rows(keys))
+    want = np.stack([_value(k) for k in keys])
+    wrong = int(np.sum(np.any(got != want, axis=1)))
+    return {"ok": True, "wrong": wrong, "n": len(store)}
+
+
+@dataclass
+class Agent:
+    """One agent process of a node."""
+
+    proc: subprocess.Popen[bytes]
+    ready: Path
+    verdict: Path
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Wait until the agent has imported everything (hang guard: ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"agent did not start: {self.proc.returncode}")
+            time.sleep(0.02)
+
+    def result(self, timeout: float = 240) -> dict[str, Any]:
+        """Its verdict once it exits (hang guard: ``timeout``)."""
+        code = self.proc.wait(timeout)
+        if not self.verdict.exists():
+            return {"ok": False, "error": f"exit {code}", "returncode": code}
+        return dict(json.loads(self.verdict.read_text()), returncode=code)
+
+
+_launched = 0
+
+
+def launch(
+    work: Path, node: str, keys: list[str], remote: str, env: dict[str, str], *,
+    storage_options: dict[str, Any] | None = None, start: Path | None = None,
+    **options: Any,
+) -> Agent:
+    """Start an agent of node ``node`` (its cache is ``work/<node>``)."""
+    global _launched
+    _launched += 1
+    name = f"{node}-{_launched}"
+    spec = {"keys": keys, "cache_dir": str(work / node), "remote": remote,
+            "storage_options": storage_options, "start": str(start) if start else None,
+            "ready": str(work / f"{name}.ready"), "verdict": str(work / f"{name}.json"),
+            **options}
+    path = work / f"{name}.spec.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support._cluster", str(path)],
+                            env=env, cwd=env["PYTHONPATH"])
+    return Agent(proc, Path(spec["ready"]), Path(spec["verdict"]))
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    try:
+        verdict = _run(spec)
+    except BaseException as exc:  # the verdict says what failed
+        verdict = {"ok": False, "error": type(exc).__name__, "message": str(exc),
+                   "traceback": traceback.format_exc()}
+    Path(spec["verdict"]).write_text(json.dumps(verdict))
+
+
+if __name__ == "__main__":
+    main()

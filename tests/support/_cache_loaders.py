@@ -95,6 +95,29 @@ class MeetingLoader(LogLoader):
         return out
 
 
+class GateLoader(LogLoader):
+    """A :class:`LogLoader` whose calls wait until the file ``gate`` exists.
+
+    A test holds a build at its first item (its lock taken, its log line written) for as
+    long as it needs, then lets it go on by creating ``gate``.
+    """
+
+    GUARD_S = 120.0  # a guard against hangs, not a timing assertion
+
+    def __init__(self, log: str | Path, gate: str | Path) -> None:
+        super().__init__(log)
+        self.gate = str(gate)
+
+    def __call__(self, key: str) -> np.ndarray:
+        out = super().__call__(key)
+        deadline = time.monotonic() + self.GUARD_S
+        while not os.path.exists(self.gate):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gate {self.gate} was never opened")
+            time.sleep(0.01)
+        return out
+
+
 def write_sources(root: Path, n: int, *, start: int = 0, seed: int = 0) -> list[str]:
     """Write ``n`` small files of random bytes; return their paths."""
     rng = np.random.default_rng(seed + start)

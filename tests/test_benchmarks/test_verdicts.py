@@ -7,6 +7,7 @@ benchmarks' targets go through :func:`verdict`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ def test_a_target_passes_misses_and_sits_on_its_threshold(
     assert verdict(value, op, threshold) == want
 
 
-def _runs(values: list[float | None], op: str, threshold: float) -> list[dict[str, Any]]:
+def _runs(values: Sequence[float | None], op: str, threshold: float) -> list[dict[str, Any]]:
     return [{"t": {"description": "d", "op": op, "threshold": threshold, "value": v,
                    "note": None}} for v in values]
 

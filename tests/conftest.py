@@ -8,6 +8,10 @@
 - ``records_store``: a store of 2,000 records of every kind of field, in small data files
   (:func:`tests.support._records.build_box_store`).
 
+With ``TSC_TEST_NO_SKIP=1`` (``.ci/run`` sets it) a skip of the tests that must run in CI
+is an error: the trust tests that need root (:data:`MUST_RUN`) and the benchmarks' smoke tests
+(a missing extra dependency skips them otherwise).
+
 Helpers: :func:`assert_same_batch` (two batches of records), :func:`gc_under_reader`
 (gc removes a namespace while a reader in another process holds its store).
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,35 @@ from PIL import Image
 from benchmarks.common.s3server import S3Process
 
 from .support import _uids
+
+NO_SKIP_ENV = "TSC_TEST_NO_SKIP"
+#: The test files whose skips :data:`NO_SKIP_ENV` turns into errors.
+MUST_RUN = ("tests/test_guarantees/test_permissions.py", "tests/unit/test_trust.py",
+            "tests/test_benchmarks/")
+
+
+def _must_run(nodeid: str) -> bool:
+    return os.environ.get(NO_SKIP_ENV, "") not in ("", "0") and any(
+        ("tests/" + nodeid.split("tests/", 1)[-1]).startswith(m) for m in MUST_RUN)
+
+
+def _fail_skip(report: Any) -> None:
+    if report.skipped and _must_run(report.nodeid):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped where {NO_SKIP_ENV} requires it to run: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
+    outcome = yield
+    _fail_skip(outcome.get_result())
 
 #: Modules that tests import only in other processes (a model's module, one that imports
 #: slowly): --doctest-modules must not import them into the test process.

@@ -392,7 +392,8 @@ def _method_round(name: str, base: dict[str, Any], workdir: Path, n: int, refere
     got = np.load(vectors)
     if reference is not None:
         rec["same_as_model"] = bool(got.shape == reference.shape and
-                                    np.allclose(got, reference, **TOLERANCE))
+                                    np.allclose(got, reference, rtol=TOLERANCE["rtol"],
+                                                atol=TOLERANCE["atol"]))
     log(f"{name}: a later process{of}")
     later = run_phase({**job, "phase": "later"}, timeout_s)
     if later["status"] == "ok":

@@ -71,6 +71,53 @@ class LogLoader:
             return vector_of(f.read()) * self.scale
 
 
+class MeetingLoader(LogLoader):
+    """A :class:`LogLoader` whose calls wait until ``parties`` processes have logged one.
+
+    Racers building at the same time meet here, so a race that only duplicates work when
+    builders overlap duplicates it every time. Where only one process can build (the build
+    lock works), the wait ends at a hang guard and the build goes on alone.
+    """
+
+    GUARD_S = 30.0  # a guard against hangs, not a timing assertion
+
+    def __init__(self, log: str | Path, parties: int) -> None:
+        super().__init__(log)
+        self.parties = parties
+
+    def __call__(self, key: str) -> np.ndarray:
+        out = super().__call__(key)
+        deadline = time.monotonic() + self.GUARD_S
+        while len({pid for pid, _key in log_lines(Path(self.log))}) < self.parties:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return out
+
+
+class GateLoader(LogLoader):
+    """A :class:`LogLoader` whose calls wait until the file ``gate`` exists.
+
+    A test holds a build at its first item (its lock taken, its log line written) for as
+    long as it needs, then lets it go on by creating ``gate``.
+    """
+
+    GUARD_S = 120.0  # a guard against hangs, not a timing assertion
+
+    def __init__(self, log: str | Path, gate: str | Path) -> None:
+        super().__init__(log)
+        self.gate = str(gate)
+
+    def __call__(self, key: str) -> np.ndarray:
+        out = super().__call__(key)
+        deadline = time.monotonic() + self.GUARD_S
+        while not os.path.exists(self.gate):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gate {self.gate} was never opened")
+            time.sleep(0.01)
+        return out
+
+
 def write_sources(root: Path, n: int, *, start: int = 0, seed: int = 0) -> list[str]:
     """Write ``n`` small files of random bytes; return their paths."""
     rng = np.random.default_rng(seed + start)

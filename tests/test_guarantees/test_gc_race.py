@@ -8,9 +8,11 @@ process, run to completion) happens exactly there, then lets the call go on.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from tensorstore_cache.fs.locks import ExclusiveLock
 from tensorstore_cache.reader.segment import Segment
 from tensorstore_cache.remote.fetch import fetch_store
 
-from ..support._cache_loaders import LogLoader, expected, log_lines, write_sources
+from ..support._cache_loaders import GateLoader, LogLoader, expected, log_lines, write_sources
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,6 +62,49 @@ def once() -> Iterator[Callable[[Callable[[], None]], Callable[[], None]]]:
         return run
 
     yield make
+
+
+def _gated_build(cache: str, keys: list[str], log: str, gate: str, out: str) -> None:
+    store = tsc.cached(keys, cache_dir=cache, loader=GateLoader(log, gate), workers=1,
+                       progress=False)
+    np.save(out, store.take(store.rows(keys)))
+
+
+def test_gc_max_bytes_evicts_around_a_build_holding_its_lock(
+    tmp_path: Path, keys: list[str]
+) -> None:
+    """gc(max_bytes=0) while a builder holds its namespace's lock mid-build: the other
+    namespace goes, the one being built stays and its build completes; once the lock is free
+    the same gc evicts it."""
+    cache = tmp_path / "cache"
+    log, gate, out = tmp_path / "log", tmp_path / "gate", tmp_path / "out.npy"
+    extended = tsc.cached(keys[:3], cache_dir=cache, loader=LogLoader(log), progress=False)
+    other = tsc.cached(keys[:3], cache_dir=cache, loader=LogLoader(log, scale=2), progress=False)
+    building, idle = Path(extended.location), Path(other.location)
+    extended.close()
+    other.close()
+    before = len(log_lines(log))
+    ctx: Any = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_gated_build, args=(str(cache), keys[:6], str(log), str(gate),
+                                                   str(out)))
+    proc.start()
+    try:
+        deadline = time.monotonic() + 120  # a guard against hangs, not a timing assertion
+        while len(log_lines(log)) == before:  # the builder holds the lock at its first item
+            assert proc.is_alive() and time.monotonic() < deadline, "the build never began"
+            time.sleep(0.01)
+        removed = tsc.gc(cache, max_bytes=0, grace=0)
+        assert [(r.path, r.kind) for r in removed] == [(str(idle), "namespace")]
+        assert building.exists() and not idle.exists()
+        gate.touch()
+        proc.join(120)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    np.testing.assert_array_equal(np.load(out), expected(keys[:6]))
+    after = tsc.gc(cache, max_bytes=0, grace=0)
+    assert [r.path for r in after if r.kind == "namespace"] == [str(building)]
 
 
 def test_gc_between_the_look_and_the_lock_never_returns_a_short_store(

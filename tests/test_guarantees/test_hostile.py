@@ -472,6 +472,15 @@ class _Swap:
         self.path.write_bytes(self.saved)
 
 
+def damage_is_named(root: Path, pristine: Path, rel: str) -> None:
+    """When ``rel``'s bytes differ from the pristine copy's, ``verify_store`` fails naming it."""
+    if (root / rel).read_bytes() == (pristine / rel).read_bytes():
+        return
+    report = verify_store(root)
+    assert not report.ok, f"{rel} was changed and the store verified"
+    assert os.path.join(str(root), rel) in report.bad_files, (rel, report.bad_files)
+
+
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -528,7 +537,8 @@ def test_fuzz_group_metadata_bytes(scratch: Path, raw: bytes) -> None:
     junk=st.binary(min_size=1, max_size=24),
     fix_crc=st.booleans(),
 )
-def test_fuzz_shard_index(scratch: Path, shard: int, at: int, junk: bytes, fix_crc: bool) -> None:
+def test_fuzz_shard_index(scratch: Path, pristine: Path, shard: int, at: int, junk: bytes,
+                          fix_crc: bool) -> None:
     path = scratch / f"vectors/c/{shard}/0/0/0"
     data = bytearray(path.read_bytes())
     start = len(data) - 16 * 64 - 4
@@ -538,6 +548,7 @@ def test_fuzz_shard_index(scratch: Path, shard: int, at: int, junk: bytes, fix_c
         data[-4:] = google_crc32c.value(bytes(data[start:-4])).to_bytes(4, "little")
     with _Swap(path, bytes(data)):
         exercise(scratch)
+        damage_is_named(scratch, pristine, f"vectors/c/{shard}/0/0/0")
 
 
 @settings(FUZZ, max_examples=350)
@@ -548,7 +559,8 @@ def test_fuzz_shard_index(scratch: Path, shard: int, at: int, junk: bytes, fix_c
                                     2**64 - 1, 2**64 - 150]) | st.integers(0, 2**64 - 1),
                    min_size=1, max_size=8),
 )
-def test_fuzz_key_index(scratch: Path, rel: str, at: int, words: list[int]) -> None:
+def test_fuzz_key_index(scratch: Path, pristine: Path, rel: str, at: int,
+                        words: list[int]) -> None:
     path = scratch / rel
     data = bytearray(path.read_bytes())
     junk = np.array(words, dtype="<u8").tobytes()
@@ -556,6 +568,7 @@ def test_fuzz_key_index(scratch: Path, rel: str, at: int, words: list[int]) -> N
     data[at : at + len(junk)] = junk[: len(data) - at]
     with _Swap(path, bytes(data)):
         exercise(scratch)
+        damage_is_named(scratch, pristine, rel)
 
 
 # -- nothing is ever unpickled ---------------------------------------------------------

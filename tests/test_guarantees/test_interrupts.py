@@ -7,12 +7,11 @@ and the worker of its pool are both computing, then signals:
 * SIGINT to the process alone (``kill``) and to its process group
   (``killpg``, as a terminal's Ctrl-C does, and a Jupyter interrupt:
   jupyter_client signals the kernel's process group): the script's
-  ``except KeyboardInterrupt`` runs within 2 s, no worker survives, the
+  ``except KeyboardInterrupt`` runs, no worker survives, the
   build lock is free, nothing is published, no temporary directory is left,
   nothing is printed by the workers, and a second ``cached()`` in the same
   process builds everything cleanly.
-* SIGTERM to the process: it dies, and its workers exit by themselves
-  within 5 s; the lock is free, nothing is published, and the next
+* SIGTERM to the process: it dies, and its workers exit by themselves; the lock is free, nothing is published, and the next
   ``cached()`` builds cleanly and removes the dead build's directory.
 """
 
@@ -40,8 +39,6 @@ from ..support._clients import LoggedImages, calls, environment, expected, pytho
 psutil = pytest.importorskip("psutil")
 
 GUARD_S = 120  # a guard against hangs, not a timing assertion
-INTERRUPT_S = 2.0  # the promise for loaders under 1 s a call
-WORKERS_EXIT_S = 5.0  # the promise after SIGTERM
 
 _BUILDER = '''
 import os
@@ -117,12 +114,11 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _wait_gone(pids: set[int], limit: float) -> float:
+def _wait_gone(pids: set[int]) -> None:
     start = time.monotonic()
     while not all(_gone(p) for p in pids):
-        assert time.monotonic() - start < GUARD_S, f"workers still alive: {pids}"
+        assert time.monotonic() - start < GUARD_S, f"hang guard: workers still alive: {pids}"
         time.sleep(0.02)
-    return time.monotonic() - start
 
 
 def _namespace(tmp_path: Path) -> Namespace:
@@ -144,7 +140,6 @@ def test_sigint_mid_build(tmp_path: Path, client_images: list[str], target: str)
     log = tmp_path / "calls.log"
     with _builder(tmp_path, client_images) as proc:
         builder, workers = _mid_build(proc, log)
-        sent = time.time()
         if target == "process":
             os.kill(builder, signal.SIGINT)
         else:
@@ -153,7 +148,6 @@ def test_sigint_mid_build(tmp_path: Path, client_images: list[str], target: str)
         line = proc.stdout.readline()
         got = re.match(r"INTERRUPTED (\S+)", line)
         assert got is not None, line + proc.stdout.read() + (proc.stderr.read() if proc.stderr else "")
-        assert float(got.group(1)) - sent < INTERRUPT_S
         # the workers were killed and reaped before KeyboardInterrupt reached the script
         assert all(_gone(p) for p in workers), [p for p in workers if not _gone(p)]
         left = [c for c in psutil.Process(builder).children(recursive=True)
@@ -177,8 +171,7 @@ def test_sigterm_mid_build(tmp_path: Path, client_images: list[str]) -> None:
         builder, workers = _mid_build(proc, log)
         os.kill(builder, signal.SIGTERM)
         assert proc.wait(GUARD_S) == -signal.SIGTERM
-        took = _wait_gone(workers, GUARD_S)
-        assert took < WORKERS_EXIT_S, f"the workers outlived their builder by {took:.1f} s"
+        _wait_gone(workers)  # within the hang guard
     ns = _namespace(tmp_path)
     lock = ExclusiveLock(ns.lock_path)
     assert lock.try_acquire() is True

@@ -23,27 +23,36 @@ from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs.locks import ExclusiveLock
 from tensorstore_cache.reader import view_of
 
-from ..support._cache_loaders import LogLoader, expected, log_lines, write_sources
+from ..support._cache_loaders import LogLoader, MeetingLoader, expected, log_lines, write_sources
 
 JOIN_S = 120  # a guard against hangs, not a timing assertion
 
 
-def _racer(cache: str, keys: list[str], log: str, barrier: Any, out: str, locks: str) -> None:
-    if locks:
+def _racer(cache: str, keys: list[str], log: str, barrier: Any, out: str, locks: str,
+           meet: int) -> None:
+    if locks == "broken":
+        # The test-only switch: this process takes no file lock at all (what the build lock
+        # prevents is then seen), never a setting of the library.
+        from tensorstore_cache.fs import locks as lock_module
+
+        lock_module.locks_enabled = lambda: False
+    elif locks:
         os.environ["TSC_CACHE_LOCKS"] = locks
+    loader = MeetingLoader(log, meet) if meet else LogLoader(log)
     barrier.wait()
-    store = tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), workers=1, progress=False)
+    store = tsc.cached(keys, cache_dir=cache, loader=loader, workers=1, progress=False)
     np.save(out, store.take(store.rows(keys)))
 
 
-def _race(tmp_path: Path, method: str, subsets: list[list[str]], locks: str = "") -> list[np.ndarray]:
+def _race(tmp_path: Path, method: str, subsets: list[list[str]], locks: str = "",
+          meet: int = 0) -> list[np.ndarray]:
     ctx: Any = multiprocessing.get_context(method)
     barrier = ctx.Barrier(len(subsets))
     procs = [
         ctx.Process(
             target=_racer,
             args=(str(tmp_path / "cache"), keys, str(tmp_path / "log"), barrier,
-                  str(tmp_path / f"out{i}.npy"), locks),
+                  str(tmp_path / f"out{i}.npy"), locks, meet),
         )
         for i, keys in enumerate(subsets)
     ]
@@ -74,6 +83,24 @@ def test_eight_racers_compute_every_item_once(tmp_path: Path, method: str) -> No
     store = tsc.cached(keys, cache_dir=tmp_path / "cache", loader=LogLoader(tmp_path / "log"),
                        progress=False)
     assert len(store) == len(keys) and len(view_of(store).segments) == 1
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_without_the_build_lock_racers_compute_items_twice(tmp_path: Path, method: str) -> None:
+    """The race of the test above, its lock switched off in the racers: work is duplicated.
+
+    The racers' loader waits until two of them are loading, so the overlap the lock forbids
+    happens every time; with the lock, that wait ends at its hang guard with one builder.
+    """
+    keys = write_sources(tmp_path / "src", 40)
+    results = _race(tmp_path, method, [keys] * 8, locks="broken", meet=2)
+    calls = Counter(key for _pid, key in log_lines(tmp_path / "log"))
+    assert set(calls) == set(keys)
+    assert max(calls.values()) > 1, "no item was computed twice without the lock"
+    assert len({pid for pid, _key in log_lines(tmp_path / "log")}) > 1
+    want = expected(keys)
+    for got in results:
+        np.testing.assert_array_equal(got, want)
 
 
 def test_overlapping_requests_compute_each_item_once(tmp_path: Path) -> None:

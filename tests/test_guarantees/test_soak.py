@@ -68,11 +68,14 @@ def _soak(tmp_path: Path, seconds: float) -> dict[str, Any]:
     return report | {"exit": proc.returncode, "stderr": err[-5000:]}
 
 
-def _check(report: dict[str, Any]) -> None:
+def _check(report: dict[str, Any], every_kill: bool = False) -> None:
     # it did exercise the cache (not a timing: any positive count will do)
     assert report["calls"] > 0 and report["vectors_checked"] > 0
     assert report["gc_runs"] > 0
     assert report["kills"]["total"] > 0
+    if every_kill:  # a long run kills each kind of process (the killer picks them at random)
+        kinds = ("builder_mid_build", "worker", "gc")
+        assert all(report["kills"].get(k, 0) > 0 for k in kinds), report["kills"]
     assert report["writer"].get("rewrites", 0) > 0
     shown = json.dumps({"violations": report["violations"], "examples": report["examples"]},
                        indent=1)[:20000]
@@ -90,4 +93,4 @@ def test_soak_short(tmp_path: Path) -> None:
 @pytest.mark.timeout(LONG_S + GUARD_S + 60)
 def test_soak_long(tmp_path: Path) -> None:
     """``TSC_SOAK_SECONDS`` long; its counts are printed (run with ``-s``)."""
-    _check(_soak(tmp_path, LONG_S))
+    _check(_soak(tmp_path, LONG_S), every_kill=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,16 +44,14 @@ def pixels(path: str) -> np.ndarray:
     return rng.integers(0, 256, (3, 4, 4), dtype=np.uint8)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def torchrun(nproc: int, *args: str) -> subprocess.Popen[str]:
+    """torchrun on one node; its rendezvous store binds a free port itself (``--standalone``).
+
+    A port picked here, closed and then bound by torchrun could be taken in between, e.g. by the
+    gloo sockets of a test running beside this one in another xdist worker.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           str(SCRIPT), *args]
+           "--standalone", str(SCRIPT), *args]
     env = environment(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)

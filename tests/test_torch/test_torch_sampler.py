@@ -158,8 +158,12 @@ dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", 
                         world_size=2)
 s = StoreSampler(40, global_batch_size=4, seed=2)
 print(before.rank, before.world_size, s.rank, s.world_size, *[i for b in s for i in b])
+dist.barrier()
 dist.destroy_process_group()
 '''
+    # The barrier keeps each rank's sockets open until the other has finished connecting: gloo's
+    # connectFullMesh can return in rank 0 before rank 1's side of the pair is complete, and a
+    # rank 0 that exits then fails rank 1 with "Connection closed by peer".
     env = {**__import__("os").environ, "GLOO_SOCKET_IFNAME": "lo"}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]

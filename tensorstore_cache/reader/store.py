@@ -34,6 +34,7 @@ from .overlay import Overlay
 from .ragged import RaggedArray
 from .record import Record
 from .segment import Segment
+from .sets import distinct
 from .sources import Identity, SourceIdentity, resolve_identity, stale_mask, token_map
 from .supply import FetchStats
 
@@ -290,7 +291,7 @@ class CacheStore:
         mtime = np.empty(len(rows), np.int64)
         hashes = np.zeros(len(rows), np.uint64) if content_hash else None
         kinds = np.full(len(rows), "stat", dtype="<U5")
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             sel = np.flatnonzero(seg_of == k)
             seg = self.segments[k]
             size[sel] = seg.source_size[local[sel]]
@@ -515,7 +516,7 @@ class CacheStore:
         self._check_open()
         out = np.empty(len(rows), np.int64)
         seg_of, local = self._overlay.locate(np.asarray(rows, np.int64))
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             sel = np.flatnonzero(seg_of == k)
             start, stop = self._overlay.segments[k].ragged(name).spans(local[sel])
             out[sel] = stop - start
@@ -554,7 +555,7 @@ class CacheStore:
             raise IndexError(f"a row of rows is out of range for a store of {n} rows")
         out = np.empty(len(idx), np.int64)
         seg_of, local = self._overlay.locate(idx)
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             sel = np.flatnonzero(seg_of == k)
             array = self._overlay.segments[k].ragged(name)
             start, stop = array.spans(local[sel])

@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.installed
 PEERS     := .venv-peers
 PEERS_MDS := .venv-peers-mds
 TV        := .venv-torchvision
+PEERS_LANCE := .venv-peers-lance
 REQ       := benchmarks/requirements
 
 .PHONY: test bench lint install peers clean docs docs-serve test-torchvision
@@ -69,11 +70,12 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.sweep
 	$(MAKE) --no-print-directory peers
 	$(BIN)/python -m benchmarks.records
+	$(BIN)/python -m benchmarks.embed
 
 # The peers of benchmarks/records/records.py, each environment logged to its .log. A peer that does
 # not install is not an error here: the benchmark reports it as not installed, with why.
 peers:
-	@for venv in $(PEERS) $(PEERS_MDS); do \
+	@for venv in $(PEERS) $(PEERS_MDS) $(PEERS_LANCE); do \
 	  echo "setting up $$venv (log: $$venv.log)"; \
 	  $(MAKE) --no-print-directory $$venv/.installed > $$venv.log 2>&1 \
 	    || { tail -n 15 $$venv.log; echo "$$venv is incomplete (see $$venv.log):" \
@@ -101,5 +103,14 @@ $(PEERS_MDS)/.installed: $(REQ)/peers-mds.txt $(REQ)/peers-mds-nodeps.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(TV) $(TV).log $(TV).rc $(PEERS) $(PEERS_MDS) $(PEERS).log $(PEERS_MDS).log build site *.egg-info \
+	rm -rf $(VENV) $(TV) $(TV).log $(TV).rc $(PEERS) $(PEERS_MDS) $(PEERS_LANCE) $(PEERS).log \
+	  $(PEERS_MDS).log $(PEERS_LANCE).log build site *.egg-info \
 	  .pytest_cache .mypy_cache .ruff_cache
+
+# Lance (pylance) with its own pyarrow and numpy, no torch (see peers-lance.txt)
+$(PEERS_LANCE)/.installed: $(REQ)/peers-lance.txt
+	test -x $(PEERS_LANCE)/bin/python || $(PYTHON) -m venv $(PEERS_LANCE)
+	$(PEERS_LANCE)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_LANCE)/bin/python -m pip install --quiet -r $(REQ)/peers-lance.txt
+	$(PEERS_LANCE)/bin/python -c "import lance, pyarrow; print(lance.__version__, pyarrow.__version__)"
+	touch $@

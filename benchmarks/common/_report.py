@@ -243,10 +243,11 @@ def targets(results: dict[str, Any], open_vs_n: dict[str, Any], sizes: list[int]
             ratio(look.get(TSC), look.get(other)), ">=", wanted,
             [(TSC, "lookup_items_per_s"), (other, "lookup_items_per_s")])
     batch = {m: figure(results, m, "batch_items_per_s") for m in results}
-    for other, wanted in (("raw_memmap", 0.5), ("hf_datasets", 20.0)):
-        add(f"batch_vs_{other}", f"random batch of 256, items/s: {TSC} / {other}",
-            ratio(batch.get(TSC), batch.get(other)), ">=", wanted,
-            [(TSC, "batch_items_per_s"), (other, "batch_items_per_s")])
+    # against the limit itself (a batch of 256 is 3 MiB of copying, no method can beat
+    # raw memmap's); the former ">= 20x hf_datasets" was above what raw memmap reaches
+    add("batch_vs_raw_memmap", f"random batch of 256, items/s: {TSC} / raw_memmap",
+        ratio(batch.get(TSC), batch.get("raw_memmap")), ">=", 0.95,
+        [(TSC, "batch_items_per_s"), ("raw_memmap", "batch_items_per_s")])
     growth = figure(results, TSC, "uss_growth_bytes_4_agents")
     store = figure(results, TSC, "disk_bytes")
     add("memory_4_agents", f"4 agents' total private memory growth / {TSC} store size",
@@ -254,8 +255,12 @@ def targets(results: dict[str, Any], open_vs_n: dict[str, Any], sizes: list[int]
         [(TSC, "uss_growth_bytes_4_agents"), (TSC, "disk_bytes")])
     first = {m: figure(results, m, "first_agent_s") for m in results}
     add("first_agent_vs_no_cache", f"first agent: no_cache time / {TSC} time (build, 2 workers)",
-        ratio(first.get("no_cache"), first.get(TSC)), ">", 1.0,
+        ratio(first.get("no_cache"), first.get(TSC)), ">=", 1.7,
         [("no_cache", "first_agent_s"), (TSC, "first_agent_s")])
+    add("first_agent_vs_hf_datasets",
+        f"first agent: {TSC} time / hf_datasets time (both build with 2 workers)",
+        ratio(first.get(TSC), first.get("hf_datasets")), "<=", 0.9,
+        [(TSC, "first_agent_s"), ("hf_datasets", "first_agent_s")])
     opens = open_vs_n.get(TSC, {})
     lo, hi = (str(min(sizes)), str(max(sizes))) if sizes else ("", "")
     small = opens.get(lo, {}).get("open_s")

@@ -23,24 +23,14 @@ import numpy.typing as npt
 import tensorstore_cache as tsc
 from benchmarks.common import make_images
 from benchmarks.common._report import compile_sources
+from benchmarks.common._timeline import Stamps
 from benchmarks.embed.embed_model import CoverEmbed, decode
-
-
-class _Stamps:
-    """Appends ``seconds-since-start pid event`` lines to a file (any process may write)."""
-
-    def __init__(self, path: str, start: float) -> None:
-        self.path, self.start = path, start
-
-    def __call__(self, event: str) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(f"{time.time() - self.start:.3f} {os.getpid()} {event}\n")
 
 
 class StampedEmbed(CoverEmbed):
     """:class:`~benchmarks.embed.embed_model.CoverEmbed`, stamping its set-up and every batch."""
 
-    def __init__(self, stamps: _Stamps, threads: int | None, **batching: Any) -> None:
+    def __init__(self, stamps: Stamps, threads: int | None, **batching: Any) -> None:
         super().__init__(threads, **batching)
         self.stamps = stamps
 
@@ -59,7 +49,7 @@ class StampedEmbed(CoverEmbed):
 class StampedDecode:
     """:func:`~benchmarks.embed.embed_model.decode`, stamping the first item of each process."""
 
-    def __init__(self, stamps: _Stamps) -> None:
+    def __init__(self, stamps: Stamps) -> None:
         self.stamps = stamps
         self.seen: set[int] = set()
 
@@ -73,7 +63,7 @@ class StampedDecode:
 def timeline(paths: list[str], threads: int | None, batch: int, workers: int) -> list[str]:
     """Build the embeddings of ``paths`` into a fresh cache; the stamped events, in order."""
     with tempfile.TemporaryDirectory() as tmp:
-        stamps = _Stamps(str(Path(tmp) / "stamps"), time.time())
+        stamps = Stamps(str(Path(tmp) / "stamps"), time.time())
         stamps("cached() called")
         tsc.cached(paths, cache_dir=Path(tmp) / "cache", loader=StampedEmbed(
                        stamps, threads, prepare=StampedDecode(stamps), batch_size=batch,

@@ -29,6 +29,7 @@ from ..errors import CorruptStoreError
 from ..format import FieldLayout, MappedShard, map_shard_fd, open_shard
 from ..fs import Trust
 from .budget import MappedBudget
+from .sets import distinct
 from .supply import ShardSupply
 from .vmap import VirtualRows, virtual_rows_supported
 
@@ -240,13 +241,13 @@ class FixedArray:
             self._gather_budget(budget, rows, shard_ids, out)
             return
         if not self._all_mapped:
-            self._map_shards(np.unique(shard_ids).tolist())
+            self._map_shards(distinct(shard_ids))
         vrows = self._vrows  # None if mapping found rows out of layout order
         if vrows is not None:
             np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
             return
         # no contiguous view (rows out of layout order, or not Linux): shard by shard
-        for k in np.unique(shard_ids).tolist():
+        for k in distinct(shard_ids):
             shard = self.shard(k)
             sel = np.flatnonzero(shard_ids == k)
             local = rows[sel] - k * s
@@ -261,7 +262,7 @@ class FixedArray:
         shard_ids: npt.NDArray[np.int64], out: npt.NDArray[np.generic],
     ) -> None:
         """Gather under a budget of mapped shards: in groups, shards already mapped first."""
-        ks = np.unique(shard_ids).tolist()
+        ks = distinct(shard_ids)
         ks.sort(key=lambda k: self._shards[k] is None)  # stable: mapped ones first
         whole = len(ks) <= budget.limit
         for group in budget.groups(ks):
@@ -313,7 +314,7 @@ class FixedArray:
         if rows is None:
             ks = list(range(len(self._shards)))
         else:
-            ks = np.unique(rows // self.rows_per_shard).tolist()
+            ks = distinct(rows // self.rows_per_shard)
         return [self._first + k for k in ks]
 
     def close(self) -> None:

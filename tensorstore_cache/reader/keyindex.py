@@ -2,9 +2,11 @@
 
 Keys are found by their XXH3-64 in the sorted ``key_hash`` array, then
 compared byte for byte with the stored key (``key_offsets`` into
-``key_bytes``, in row order). A single lookup narrows the binary search with a
-small table of bucket starts (the top bits of the hash), built on the first
-single lookup; a lookup of many keys is vectorised, the byte comparison
+``key_bytes``, in row order). A single lookup searches a window around where
+its hash is expected in the sorted hashes (they are uniform: a hash ``h`` of
+``n`` keys lies near ``h * n / 2**64``, within a few ``sqrt(n)``), the whole
+array when it is not in that window; nothing is built per process, nor read
+beyond that window. A lookup of many keys is vectorised, the byte comparison
 included: every candidate at once (:func:`all_same`), key by key
 (:func:`same_bytes`) only when that fails.
 
@@ -16,6 +18,7 @@ instead of an ``IndexError`` or a wrong answer, and opening stays ``O(1)``.
 from __future__ import annotations
 
 import bisect
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +33,6 @@ from ..format import KeyLayout, key_layout
 __all__ = ["KeyIndex", "all_same", "same_bytes"]
 
 _bisect_left = bisect.bisect_left
-#: Largest bucket table of a single lookup: 2**16 starts.
-_MAX_BUCKET_BITS = 16
 
 
 def _ints(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[int]:
@@ -251,7 +252,6 @@ class KeyIndex:
         self._spans = np.lib.stride_tricks.as_strided(
             offsets, (max(0, len(offsets) - 1), 2), (offsets.strides[0],) * 2, writeable=False
         )
-        self._buckets: tuple[Sequence[int], int] | None = None
 
     def _bad_index(self, name: str, detail: str) -> CorruptStoreError:
         path = self.root / name / "c" / "0"
@@ -277,23 +277,21 @@ class KeyIndex:
         start, stop = self._key_span(row)
         return bytes(self._kb_mv[start:stop])
 
-    def _bucket_table(self) -> tuple[Sequence[int], int]:
-        """Return the first position of every hash bucket, and the shift that gives a bucket."""
-        bits = max(0, min(_MAX_BUCKET_BITS, self.n.bit_length() - 1))
-        shift = 64 - bits
-        starts = np.empty((1 << bits) + 1, dtype=np.int64)
-        starts[0], starts[-1] = 0, self.n
-        edges = np.arange(1, 1 << bits, dtype=np.uint64) << np.uint64(shift % 64)
-        starts[1:-1] = np.searchsorted(self.key_hash, edges, side="left")
-        self._buckets = (_ints(starts, "q"), shift)
-        return self._buckets
+    def _position(self, h: int) -> int:
+        """Where hash ``h`` is (or would be) in the sorted hashes: a search of the window
+        around its expected place, of the whole array if it is not in that window."""
+        mv, n = self._hash_mv, self.n
+        guess = (h * n) >> 64
+        width = 2 * math.isqrt(n) + 16  # 4 standard deviations of a uniform hash's place
+        lo, hi = max(0, guess - width), min(n, guess + width)
+        if (lo == 0 or mv[lo - 1] < h) and (hi == n or mv[hi] >= h):
+            return _bisect_left(mv, h, lo, hi)
+        return _bisect_left(mv, h, 0, n)
 
     def find(self, encoded: bytes, h: int) -> int:
         """Return the row of one key, or -1 (the single-lookup hot path)."""
-        table, shift = self._buckets or self._bucket_table()
-        bucket = h >> shift
         mv = self._hash_mv
-        pos = _bisect_left(mv, h, table[bucket], table[bucket + 1])
+        pos = self._position(h)
         n, kb, off = self.n, self._kb_mv, self._off_mv
         while pos < n and mv[pos] == h:
             row = self._row_mv[pos]

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from ..format import KeyLayout, encode_key, hash_encoded, hash_key, key_layout
 from .segment import Segment
+from .sets import distinct
 
 __all__ = ["Overlay", "overridden_rows"]
 
@@ -139,7 +140,7 @@ class Overlay:
             return np.zeros(len(rows), np.intp), rows
         seg_of = np.searchsorted(self._offsets, rows, side="right") - 1
         local = rows - self._offsets[seg_of]
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             live = self._live[k]
             if live is not None:
                 sel = seg_of == k
@@ -228,7 +229,7 @@ class Overlay:
             self.segments[0].fixed(field).gather(rows, out)
             return
         seg_of, local = self.locate(rows)
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             sel = np.flatnonzero(seg_of == k)
             part = np.empty((len(sel), *out.shape[1:]), dtype=out.dtype)
             self.segments[k].fixed(field).gather(local[sel], part)
@@ -242,7 +243,7 @@ class Overlay:
             return self.segments[0].ragged(field).gather(rows)
         seg_of, local = self.locate(rows)
         parts: dict[int, tuple[npt.NDArray[np.intp], Any]] = {}
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             sel = np.flatnonzero(seg_of == k)
             parts[k] = (sel, self.segments[k].ragged(field).gather(local[sel]))
         lengths = np.empty(len(rows), np.int64)

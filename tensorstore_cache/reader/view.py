@@ -18,6 +18,7 @@ from ..format import FieldLayout, Fixed, Ragged
 from .overlay import Overlay
 from .record import Record
 from .segment import Segment
+from .sets import distinct
 from .sources import SourceIdentity
 
 __all__ = ["StoreView"]
@@ -145,7 +146,7 @@ class StoreView:
         mtime = np.empty(len(rows), np.int64)
         hashes = np.zeros(len(rows), np.uint64) if content_hash else None
         kinds = np.full(len(rows), "stat", dtype="<U5")
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             sel = np.flatnonzero(seg_of == k)
             seg = self.segments[k]
             size[sel] = seg.source_size[local[sel]]
@@ -199,7 +200,7 @@ class StoreView:
         self.check_open()
         out = np.empty(len(rows), np.int64)
         seg_of, local = self.overlay.locate(np.asarray(rows, np.int64))
-        for k in np.unique(seg_of).tolist():
+        for k in distinct(seg_of):
             sel = np.flatnonzero(seg_of == k)
             array = self.overlay.segments[k].ragged(name)
             start, stop = array.spans(local[sel])

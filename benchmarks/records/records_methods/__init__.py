@@ -9,7 +9,9 @@ differ from this project's:
 - ``peers``: ``.venv-peers``, torch 2.13.0 CPU as here, no torchvision (Hugging Face
   datasets, litData);
 - ``peers_mds``: ``.venv-peers-mds`` for MosaicML streaming, which imports torchvision
-  (``import streaming`` imports ``streaming.vision``) and caps numpy below 2.2.
+  (``import streaming`` imports ``streaming.vision``) and caps numpy below 2.2;
+- ``peers_lance``: ``.venv-peers-lance`` for Lance (pylance), with its own pyarrow and
+  numpy and no torch.
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ METHODS: dict[str, Entry] = {
     "hf_datasets": Entry("hf", "peers"),
     "litdata": Entry("lit", "peers"),
     "mosaicml_streaming": Entry("mds", "peers_mds"),
+    "lance": Entry("lance", "peers_lance"),
     "numpy_limit": Entry("numpy_limit", "project"),
     "hf_datasets_array3d": Entry("hf", "peers", "METHOD_ARRAY3D"),
 }
 #: what a run measures unless told otherwise (``hf_datasets_array3d``: on request)
-DEFAULT = ("tensorstore_cache", "hf_datasets", "litdata", "mosaicml_streaming", "numpy_limit")
+DEFAULT = ("tensorstore_cache", "hf_datasets", "litdata", "mosaicml_streaming", "lance",
+           "numpy_limit")
 #: the environments' virtual environment directories, relative to the repository
-VENVS = {"peers": ".venv-peers", "peers_mds": ".venv-peers-mds"}
-PEERS = ("hf_datasets", "litdata", "mosaicml_streaming")
+VENVS = {"peers": ".venv-peers", "peers_mds": ".venv-peers-mds",
+         "peers_lance": ".venv-peers-lance"}
+PEERS = ("hf_datasets", "litdata", "mosaicml_streaming", "lance")
 
 
 def get(name: str) -> RecordMethod:

@@ -1,0 +1,1 @@
+"""Cold builds and first reads, stamped and timed in fresh processes."""

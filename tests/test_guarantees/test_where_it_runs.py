@@ -125,7 +125,9 @@ def test_readme_getting_started_runs_as_a_plain_script(
     pd.DataFrame({"img_path": rows, "rating": rng.integers(1, 11, len(rows))}).to_csv(
         tmp_path / "train_ratings.csv", index=False)
     script = code.group(1) + (
-        "\nassert v.shape == (3, 32, 32) and x.shape == (len(df), 3, 32, 32)"
+        "\nassert x.shape == (len(df), 3, 32, 32)"
+        "\nfirst = df['img_path'][0]"
+        "\nassert g[first].shape == (16, 16) and (g[first] == grey(first)).all()"
         "\nassert xb.shape[1:] == (3, 32, 32)"
         "\nprint('GETTING STARTED', len(store), x.sum())\n"
     )

@@ -16,7 +16,6 @@ STILL_OVER = {
     "tensorstore_cache/writer/builder.py:_build_into": 112,
     "tensorstore_cache/torch/dataset.py:__init__": 80,
     "tensorstore_cache/cache/housekeeping.py:_tidy": 77,
-    "tensorstore_cache/fs/trust.py:_check_slow": 76,
     "tensorstore_cache/cache/housekeeping.py:gc": 71,
     "tensorstore_cache/torch/dataset.py:dataloader": 68,
 }

@@ -15,8 +15,6 @@ from ..support.sizes import FUNCTION_LIMIT, MODULE_LIMIT, code_lines, measure
 STILL_OVER = {
     "tensorstore_cache/writer/builder.py:_build_into": 112,
     "tensorstore_cache/torch/dataset.py:__init__": 80,
-    "tensorstore_cache/cache/housekeeping.py:_tidy": 77,
-    "tensorstore_cache/cache/housekeeping.py:gc": 71,
     "tensorstore_cache/torch/dataset.py:dataloader": 68,
 }
 

@@ -52,7 +52,7 @@ from ..fs import (
 from ..remote import NodeCache, Removed, collect
 from ..writer import collect_debris
 from .listing import last_used, mtime, namespaces
-from .namespace import Namespace
+from .namespace import Manifest, Namespace
 
 logger = logging.getLogger("tensorstore_cache")
 
@@ -168,7 +168,6 @@ def _mib(size: int) -> str:
 def _tidy(ns: Namespace, grace: float, now: float, sweep: _Sweep) -> list[Removed]:
     """Collect debris, unreferenced parts and old manifests of one (locked) namespace."""
     out: list[Removed] = []
-    dry_run = sweep.dry_run
     try:
         manifest = ns.current()
     except (CorruptStoreError, UntrustedCacheError):
@@ -182,48 +181,67 @@ def _tidy(ns: Namespace, grace: float, now: float, sweep: _Sweep) -> list[Remove
     for entry in entries:
         name = entry.name
         if name.startswith("."):
-            temp = parse_temp(name)
-            if temp is not None and temp.kind != "gc":  # a builder's temporary directory
-                before = disk_usage(entry)
-                if dry_run:
-                    if now - mtime(entry) > grace and sweep.mine(entry)[0]:
-                        out.append(Removed(str(entry), "debris", before, "left by a builder"))
-                    continue
-                collect_debris(entry.parent / temp.target, max_age_s=grace, any_owner=sweep.all_users)
-                if not entry.exists():
-                    out.append(Removed(str(entry), "debris", before, "left by a dead builder"))
-            elif (temp is not None and not dry_run and temp.stale(now - mtime(entry), grace)
-                  and sweep.mine(entry)[0]):
-                discard_tree(entry)  # what a gc renamed aside
-            continue
-        if name.endswith(HASH_SUFFIX):
+            _tidy_temp(entry, grace, now, sweep, out)
+        elif name.endswith(HASH_SUFFIX):
             part = name[: -len(HASH_SUFFIX)]
             if part not in live and not (ns.parts_dir / part).exists() and now - mtime(entry) > grace:
                 ok, size = sweep.mine(entry)
                 if ok and sweep.remove(entry):
                     out.append(Removed(str(entry), "part", size, "hash file of a removed part"))
-            continue
-        if name in live or not entry.is_dir():
-            continue
-        idle = now - max(mtime(entry), since)
-        if idle <= grace:
-            continue
-        free, fd = try_exclusive(entry / "zarr.json")
-        if not free and (entry / "zarr.json").exists():
-            continue  # a process maps it
-        try:
-            side = ns.parts_dir / (name + HASH_SUFFIX)
-            ok, size = sweep.mine(entry)
-            if not ok:
-                continue
-            size += disk_usage(side)
-            if sweep.remove(entry):
-                out.append(Removed(str(entry), "part", size, f"not current for {age_text(idle)}, unused"))
-                if not dry_run and side.exists() and sweep.mine(side)[0]:
-                    sweep.remove(side)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        elif name not in live and entry.is_dir():
+            _tidy_part(ns, entry, now - max(mtime(entry), since), grace, sweep, out)
+    _tidy_manifests(ns, manifest, grace, now, sweep, out)
+    return out
+
+
+def _tidy_temp(entry: Path, grace: float, now: float, sweep: _Sweep, out: list[Removed]) -> None:
+    """A builder's temporary directory (debris of a dead build) or what a gc renamed aside."""
+    temp = parse_temp(entry.name)
+    if temp is not None and temp.kind != "gc":  # a builder's temporary directory
+        before = disk_usage(entry)
+        if sweep.dry_run:
+            if now - mtime(entry) > grace and sweep.mine(entry)[0]:
+                out.append(Removed(str(entry), "debris", before, "left by a builder"))
+            return
+        collect_debris(entry.parent / temp.target, max_age_s=grace, any_owner=sweep.all_users)
+        if not entry.exists():
+            out.append(Removed(str(entry), "debris", before, "left by a dead builder"))
+    elif (temp is not None and not sweep.dry_run and temp.stale(now - mtime(entry), grace)
+          and sweep.mine(entry)[0]):
+        discard_tree(entry)  # what a gc renamed aside
+
+
+def _tidy_part(
+    ns: Namespace, entry: Path, idle: float, grace: float, sweep: _Sweep, out: list[Removed]
+) -> None:
+    """A part the current manifest does not reference: removed with its hash file once idle
+    for ``grace`` seconds, unless a process maps it."""
+    if idle <= grace:
+        return
+    free, fd = try_exclusive(entry / "zarr.json")
+    if not free and (entry / "zarr.json").exists():
+        return  # a process maps it
+    try:
+        side = ns.parts_dir / (entry.name + HASH_SUFFIX)
+        ok, size = sweep.mine(entry)
+        if not ok:
+            return
+        size += disk_usage(side)
+        if sweep.remove(entry):
+            out.append(Removed(str(entry), "part", size, f"not current for {age_text(idle)}, unused"))
+            if not sweep.dry_run and side.exists() and sweep.mine(side)[0]:
+                sweep.remove(side)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _tidy_manifests(
+    ns: Namespace, manifest: Manifest | None, grace: float, now: float, sweep: _Sweep,
+    out: list[Removed],
+) -> None:
+    """Superseded manifests, and stale temporary files of the manifests and of the namespace."""
+    dry_run = sweep.dry_run
     if manifest is not None:
         for gen in ns.generations():
             path = ns.manifest_path(gen)
@@ -242,7 +260,34 @@ def _tidy(ns: Namespace, grace: float, now: float, sweep: _Sweep) -> list[Remove
             stale = temp is not None and temp.stale(now - mtime(tmp), grace)
             if stale and not dry_run and sweep.mine(tmp)[0]:
                 sweep.remove(tmp)
-    return out
+
+
+def _sweep_namespace(
+    ns: Namespace, old: float | None, grace: float, now: float, sweep: _Sweep,
+    out: list[Removed],
+) -> tuple[float, int, Namespace] | None:
+    """Under its lock, delete a namespace unused for ``old`` seconds, or tidy it.
+
+    Returns when it was last used, its size and itself if it is kept; None if
+    it went, or a build holds its lock.
+    """
+    lock = _lock(ns, sweep)
+    if lock is None:
+        return None
+    try:
+        used = last_used(ns)
+        if old is not None and now - used > old:
+            ok, size = sweep.mine(ns.root)
+            if ok:
+                if sweep.remove(ns.root):
+                    out.append(Removed(str(ns.root), "namespace", size,
+                                       f"unused for {age_text(now - used)}"))
+                return None
+        out.extend(_tidy(ns, grace, now, sweep))
+        return used, disk_usage(ns.root), ns
+    finally:
+        lock.release()
+        ns.close()
 
 
 def _lock(ns: Namespace, sweep: _Sweep) -> ExclusiveLock | None:
@@ -358,25 +403,8 @@ def gc(
             trash = temp is not None and temp.stale(now - mtime(entry), grace_s)
             if trash and not dry_run and sweep.mine(entry)[0]:
                 discard_tree(entry)
-    kept: list[tuple[float, int, Namespace]] = []
-    for ns in namespaces(root, trust):
-        lock = _lock(ns, sweep)
-        if lock is None:
-            continue
-        try:
-            used = last_used(ns)
-            if old is not None and now - used > old:
-                ok, size = sweep.mine(ns.root)
-                if ok:
-                    if sweep.remove(ns.root):
-                        out.append(Removed(str(ns.root), "namespace", size,
-                                           f"unused for {age_text(now - used)}"))
-                    continue
-            out.extend(_tidy(ns, grace_s, now, sweep))
-            kept.append((used, disk_usage(ns.root), ns))
-        finally:
-            lock.release()
-            ns.close()
+    kept = [k for ns in namespaces(root, trust)
+            if (k := _sweep_namespace(ns, old, grace_s, now, sweep, out)) is not None]
     remote = root / "remote"
     total = sum(size for _used, size, _ns in kept)
     if dry_run:

@@ -298,18 +298,47 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
     dtype: str | None = None
     fields: tuple[FieldLayout, ...] = ()
     if version == FORMAT_VERSION:
-        shape = attrs.get("item_shape")
-        if not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_DIMS:
-            raise CorruptStoreError(f"{where}: item_shape must be a list of 1 to 8 sizes", where)
-        item_shape = tuple(_int(d, "an item_shape size", 1, _MAX_ITEM_BYTES, where) for d in shape)
-        dtype = _dtype(attrs.get("dtype"), where)
-        itemsize = np.dtype(dtype).itemsize
-        if math.prod(item_shape) * itemsize > _MAX_ITEM_BYTES:
-            raise CorruptStoreError(f"{where}: item_shape {list(item_shape)} is too large", where)
-        if rows * math.prod(item_shape) * itemsize > (1 << 40):
-            raise CorruptStoreError(f"{where}: shards of {rows} rows are too large", where)
+        item_shape, dtype = _vector_from_attrs(attrs, rows, where)
     else:
         fields = _fields_from_attrs(attrs.get("fields"), n, where)
+    loader_id, params, skipped, created, identity = _provenance_from_attrs(attrs, where)
+    key_bytes_len = _int(attrs.get("key_bytes_len"), "key_bytes_len", 0, 1 << 48, where)
+    spec = StoreSpec(
+        n=n,
+        item_shape=item_shape,
+        dtype=dtype,
+        loader_id=loader_id,
+        loader_params=params,
+        format_version=version,
+        rows_per_shard=rows,
+        skipped=skipped,
+        created_unix=created,
+        fields=fields,
+        identity=identity,
+    )
+    return spec, _files_from_attrs(attrs.get("files"), spec, key_bytes_len, where), key_bytes_len
+
+
+def _vector_from_attrs(attrs: dict[str, Any], rows: int, where: str) -> tuple[tuple[int, ...], str]:
+    """A format-1 store's item shape and dtype, checked (sizes capped)."""
+    shape = attrs.get("item_shape")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_DIMS:
+        raise CorruptStoreError(f"{where}: item_shape must be a list of 1 to 8 sizes", where)
+    item_shape = tuple(_int(d, "an item_shape size", 1, _MAX_ITEM_BYTES, where) for d in shape)
+    dtype = _dtype(attrs.get("dtype"), where)
+    itemsize = np.dtype(dtype).itemsize
+    if math.prod(item_shape) * itemsize > _MAX_ITEM_BYTES:
+        raise CorruptStoreError(f"{where}: item_shape {list(item_shape)} is too large", where)
+    if rows * math.prod(item_shape) * itemsize > (1 << 40):
+        raise CorruptStoreError(f"{where}: shards of {rows} rows are too large", where)
+    return item_shape, dtype
+
+
+def _provenance_from_attrs(
+    attrs: dict[str, Any], where: str
+) -> tuple[str, dict[str, Any], tuple[tuple[str, str], ...], float, Any]:
+    """The loader, its parameters, the skipped sources, the creation time and the source
+    identity a store records, each checked."""
     loader_id = attrs.get("loader_id")
     if not isinstance(loader_id, str) or len(loader_id) > 1000:
         raise CorruptStoreError(f"{where}: loader_id must be a short string", where)
@@ -325,33 +354,27 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
     created = attrs.get("created_unix", 0.0)
     if not isinstance(created, (int, float)):
         raise CorruptStoreError(f"{where}: created_unix must be a number", where)
-    key_bytes_len = _int(attrs.get("key_bytes_len"), "key_bytes_len", 0, 1 << 48, where)
     identity = attrs.get("source_identity", "stat")
     if identity not in ("stat", "none", "token"):
         raise CorruptStoreError(
             f"{where}: source_identity must be 'stat', 'none' or 'token', got {identity!r}", where
         )
-    spec = StoreSpec(
-        n=n,
-        item_shape=item_shape,
-        dtype=dtype,
-        loader_id=loader_id,
-        loader_params=params,
-        format_version=version,
-        rows_per_shard=rows,
-        skipped=tuple((s[0], s[1]) for s in skipped_raw),
-        created_unix=float(created),
-        fields=fields,
-        identity=identity,
-    )
-    files_raw = attrs.get("files")
+    skipped = tuple((s[0], s[1]) for s in skipped_raw)
+    return loader_id, params, skipped, float(created), identity
+
+
+def _files_from_attrs(
+    files_raw: Any, spec: StoreSpec, key_bytes_len: int, where: str
+) -> dict[str, tuple[int, str]]:
+    """The size and checksum of every file of the store ``spec`` describes, checked: exactly
+    the files its shape needs, each ``[size, xxh3-128 hex]``."""
     if not isinstance(files_raw, dict):
         raise CorruptStoreError(f"{where}: files must be an object", where)
     count = file_count(spec, key_bytes_len)  # counted before listing them: n may be hostile
     if len(files_raw) != count:
         raise CorruptStoreError(
-            f"{where}: the file list has {len(files_raw)} entries but a store of {n} rows in "
-            f"shards of {rows} needs {count}; the metadata is damaged",
+            f"{where}: the file list has {len(files_raw)} entries but a store of {spec.n} rows "
+            f"in shards of {spec.rows_per_shard} needs {count}; the metadata is damaged",
             where,
         )
     expected = expected_files(spec, key_bytes_len)
@@ -376,7 +399,7 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
                 f"{where}: file entry for {rel!r} must be [size, xxh3-128 hex]", where
             )
         files[rel] = (entry[0], entry[1])
-    return spec, files, key_bytes_len
+    return files
 
 
 def _dtype(value: Any, where: str) -> str:

@@ -330,8 +330,6 @@ def _refuse(path: str, st: os.stat_result, reason: str, why: str, fix: str) -> U
 
 def _check_slow(st: os.stat_result, where: str, trust: Trust) -> None:
     mode = st.st_mode
-    uid = st.st_uid
-    euid = os.geteuid()
     if trust.kind == "explicit":
         if trust.warn and (mode & 0o002 or _group_writable(st)):
             key = trust.scope or where
@@ -345,42 +343,59 @@ def _check_slow(st: os.stat_result, where: str, trust: Trust) -> None:
             )
         return
     if trust.kind == "private":
-        if uid not in (euid, 0):
-            if _group_writable(st) and is_member(euid, st.st_gid):
-                # a cache shared with a group of ours: say which share_with opens it
-                group = group_name(st.st_gid)
-                share = (f"if the cache is meant to be shared with group {group}, pass "
-                         f"share_with={group!r} (or set TSC_CACHE_GROUP={group})")
-            else:
-                share = ("to share a cache with a team, every member passes share_with=GROUP "
-                         "(or sets TSC_CACHE_GROUP)")
-            raise _refuse(
-                where, st, f"owned by {user_name(uid)}",
-                f"someone else ({user_name(uid)}) could have put any vectors in it",
-                "remove it (as its owner or root), or use a cache directory of your own "
-                f"(cache_dir=... or TSC_CACHE_DIR); {share}",
-            )
-        if mode & 0o002:
-            if stat.S_ISDIR(mode) and mode & stat.S_ISVTX:
-                raise _refuse(
-                    where, st, "world-writable",
-                    "anyone could create files in it",
-                    f"use a directory of your own inside it as the cache directory (e.g. "
-                    f"{os.path.join(where, 'tsc-' + user_name(euid))})",
-                )
-            raise _refuse(
-                where, st, "world-writable", "anyone could change it",
-                f"run `chmod go-w {where}`",
-            )
-        if _group_writable(st):
+        _check_private(st, where)
+    else:
+        _check_shared(st, where, trust)
+
+
+def _check_private(st: os.stat_result, where: str) -> None:
+    """Refuse what a private cache must not be: another's, or writable by others."""
+    mode = st.st_mode
+    uid = st.st_uid
+    euid = os.geteuid()
+    if uid not in (euid, 0):
+        if _group_writable(st) and is_member(euid, st.st_gid):
+            # a cache shared with a group of ours: say which share_with opens it
             group = group_name(st.st_gid)
+            share = (f"if the cache is meant to be shared with group {group}, pass "
+                     f"share_with={group!r} (or set TSC_CACHE_GROUP={group})")
+        else:
+            share = ("to share a cache with a team, every member passes share_with=GROUP "
+                     "(or sets TSC_CACHE_GROUP)")
+        raise _refuse(
+            where, st, f"owned by {user_name(uid)}",
+            f"someone else ({user_name(uid)}) could have put any vectors in it",
+            "remove it (as its owner or root), or use a cache directory of your own "
+            f"(cache_dir=... or TSC_CACHE_DIR); {share}",
+        )
+    if mode & 0o002:
+        if stat.S_ISDIR(mode) and mode & stat.S_ISVTX:
             raise _refuse(
-                where, st, f"writable by group {group}",
-                f"the members of group {group} could change it",
-                f"run `chmod go-w {where}`, or, if the cache is meant to be shared with group "
-                f"{group}, pass share_with={group!r} (or set TSC_CACHE_GROUP={group})",
+                where, st, "world-writable",
+                "anyone could create files in it",
+                f"use a directory of your own inside it as the cache directory (e.g. "
+                f"{os.path.join(where, 'tsc-' + user_name(euid))})",
             )
-        return
+        raise _refuse(
+            where, st, "world-writable", "anyone could change it",
+            f"run `chmod go-w {where}`",
+        )
+    if _group_writable(st):
+        group = group_name(st.st_gid)
+        raise _refuse(
+            where, st, f"writable by group {group}",
+            f"the members of group {group} could change it",
+            f"run `chmod go-w {where}`, or, if the cache is meant to be shared with group "
+            f"{group}, pass share_with={group!r} (or set TSC_CACHE_GROUP={group})",
+        )
+
+
+def _check_shared(st: os.stat_result, where: str, trust: Trust) -> None:
+    """Refuse what a cache shared with a group must not be: owned by a non-member, of
+    another group, or world-writable."""
+    mode = st.st_mode
+    uid = st.st_uid
+    euid = os.geteuid()
     assert trust.gid is not None
     group = trust.group or str(trust.gid)
     if not (uid == euid or is_member(uid, trust.gid)):

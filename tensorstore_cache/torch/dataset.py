@@ -118,6 +118,49 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Te
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
+def _served_fields(
+    store: CacheStore, fields: Sequence[str] | None, *, as_float: bool,
+    transform: Transform | None, ragged: RaggedMode,
+) -> tuple[str, ...] | None:
+    """The fields a dataset over ``store`` serves (None: one tensor per key), the options
+    checked against the kind of store."""
+    if store.records:
+        if as_float:
+            raise TypeError(
+                "as_float converts one uint8 tensor; a store of records has fields of their "
+                "own dtypes: convert a field in batch_transform={field: to_float32}, or "
+                "serve one field: StoreDataset(store.field(name), ...)"
+            )
+        if transform is not None:
+            raise TypeError(
+                "transform= runs per item on one tensor; for records use "
+                "batch_transform={field: fn} (on each gathered batch)"
+            )
+        if ragged not in ("pad", "packed", "nested"):
+            raise ValueError(f"ragged must be 'pad', 'packed' or 'nested', got {ragged!r}")
+        return check_fields(store, fields)
+    if fields is not None:
+        raise TypeError(f"fields= serves fields of a store of records; {store.location!r} "
+                        "holds one tensor per key")
+    return None
+
+
+def _checked_targets(targets: npt.ArrayLike, n: int) -> npt.NDArray[Any]:
+    """``targets`` as a contiguous array of one number per item, checked."""
+    y = np.asarray(targets)
+    if y.ndim == 0 or len(y) != n:
+        raise ValueError(
+            f"targets must hold one value per item: got {y.shape[0] if y.ndim else 'a scalar'} "
+            f"for {n} items"
+        )
+    if y.dtype.kind not in "biuf":
+        raise TypeError(
+            f"targets must be numbers or booleans, got dtype {y.dtype}; encode labels as "
+            "integers first (e.g. pandas.factorize)"
+        )
+    return np.ascontiguousarray(y)
+
+
 class StoreDataset(Dataset[Any]):
     r"""A map-style dataset whose item ``i`` is the vector of ``paths[i]``.
 
@@ -196,24 +239,8 @@ class StoreDataset(Dataset[Any]):
                 f"{store.location!r} is a ragged or text field; serve it from its store of "
                 "records: StoreDataset(store, fields=[name])"
             )
-        if store.records:
-            if as_float:
-                raise TypeError(
-                    "as_float converts one uint8 tensor; a store of records has fields of their "
-                    "own dtypes: convert a field in batch_transform={field: to_float32}, or "
-                    "serve one field: StoreDataset(store.field(name), ...)"
-                )
-            if transform is not None:
-                raise TypeError(
-                    "transform= runs per item on one tensor; for records use "
-                    "batch_transform={field: fn} (on each gathered batch)"
-                )
-            if ragged not in ("pad", "packed", "nested"):
-                raise ValueError(f"ragged must be 'pad', 'packed' or 'nested', got {ragged!r}")
-            self.fields = check_fields(store, fields)
-        elif fields is not None:
-            raise TypeError(f"fields= serves fields of a store of records; {store.location!r} "
-                            "holds one tensor per key")
+        self.fields = _served_fields(store, fields, as_float=as_float, transform=transform,
+                                     ragged=ragged)
         self.ragged: RaggedMode = ragged
         self.pad_value = pad_value
         self.max_len = max_len
@@ -228,18 +255,7 @@ class StoreDataset(Dataset[Any]):
         self.targets: npt.NDArray[Any] | None = None
         """Target of every item, or ``None``."""
         if targets is not None:
-            y = np.asarray(targets)
-            if y.ndim == 0 or len(y) != len(self.rows):
-                raise ValueError(
-                    f"targets must hold one value per item: got {y.shape[0] if y.ndim else 'a scalar'} "
-                    f"for {len(self.rows)} items"
-                )
-            if y.dtype.kind not in "biuf":
-                raise TypeError(
-                    f"targets must be numbers or booleans, got dtype {y.dtype}; encode labels as "
-                    "integers first (e.g. pandas.factorize)"
-                )
-            self.targets = np.ascontiguousarray(y)
+            self.targets = _checked_targets(targets, len(self.rows))
         self.transform = transform
         self.as_float = bool(as_float)
         # set on the copy a loader reads through (see dataloader()), never on the user's dataset
@@ -474,6 +490,21 @@ class StoreDataset(Dataset[Any]):
         for name in ("batch_sampler", "collate_fn"):
             if name in kwargs:
                 raise TypeError(f"dataloader() chooses {name} itself; do not pass {name}=")
+        sampler = self._sampler(sampler, batch_size, shuffle, drop_last, seed, generator)
+        view = self
+        if batch_transform is not None:
+            view = object.__new__(type(self))
+            view.__dict__.update(self.__dict__)  # shares the store, rows and targets
+            view._batch_transform, view._transform_takes_generator = self._checked_batch_transform(
+                batch_transform)
+        return StoreLoader(view, sampler, keys=self._keys, **kwargs)
+
+    def _sampler(
+        self, sampler: StoreSampler | None, batch_size: int | None, shuffle: bool | None,
+        drop_last: bool | None, seed: int | None, generator: torch.Generator | None,
+    ) -> StoreSampler:
+        """The sampler of :meth:`dataloader`: the one given, checked, or one made of its
+        arguments."""
         if sampler is not None:
             given = [name for name, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                           ("drop_last", drop_last), ("seed", seed),
@@ -504,29 +535,29 @@ class StoreDataset(Dataset[Any]):
                 len(self), global_batch_size=batch_size, seed=0 if seed is None else seed,
                 shuffle=bool(shuffle), drop_last=bool(drop_last), rank=0, world_size=1,
             )
-        view = self
-        if batch_transform is not None:
-            view = object.__new__(type(self))
-            view.__dict__.update(self.__dict__)  # shares the store, rows and targets
-            if isinstance(batch_transform, dict):
-                if self.fields is None:
-                    raise TypeError("batch_transform={field: fn} is for a store of records; "
-                                    "pass one callable")
-                for name, fn in batch_transform.items():
-                    if name not in self.fields or not callable(fn):
-                        raise TypeError(f"batch_transform[{name!r}] must be a callable of a "
-                                        f"served field ({list(self.fields)})")
-                view._batch_transform = dict(batch_transform)
-                view._transform_takes_generator = {
-                    name: accepts_generator(fn) for name, fn in batch_transform.items()}
-            else:
-                if not callable(batch_transform):
-                    raise TypeError(f"batch_transform must be callable, got {batch_transform!r}")
-                if self.fields is not None:
-                    raise TypeError("a store of records takes batch_transform={field: fn}")
-                view._batch_transform = batch_transform
-                view._transform_takes_generator = accepts_generator(batch_transform)
-        return StoreLoader(view, sampler, keys=self._keys, **kwargs)
+        return sampler
+
+    def _checked_batch_transform(
+        self, batch_transform: BatchTransform | dict[str, BatchTransform],
+    ) -> tuple[BatchTransform | dict[str, BatchTransform], bool | dict[str, bool]]:
+        """``batch_transform`` checked against the served fields, and whether each takes a
+        generator."""
+        if isinstance(batch_transform, dict):
+            if self.fields is None:
+                raise TypeError("batch_transform={field: fn} is for a store of records; "
+                                "pass one callable")
+            for name, fn in batch_transform.items():
+                if name not in self.fields or not callable(fn):
+                    raise TypeError(f"batch_transform[{name!r}] must be a callable of a "
+                                    f"served field ({list(self.fields)})")
+            return dict(batch_transform), {
+                name: accepts_generator(fn) for name, fn in batch_transform.items()}
+        else:
+            if not callable(batch_transform):
+                raise TypeError(f"batch_transform must be callable, got {batch_transform!r}")
+            if self.fields is not None:
+                raise TypeError("a store of records takes batch_transform={field: fn}")
+            return batch_transform, accepts_generator(batch_transform)
 
     def _keys(self) -> list[str]:
         """The key of every item, in order (what the loader's digest covers)."""

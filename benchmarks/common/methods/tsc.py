@@ -30,8 +30,10 @@ def open_or_build(out: str, paths: list[str], loader: Any) -> tuple[Any, float |
         pass
     else:
         return store, time.perf_counter() - t0
-    kwargs: dict[str, Any] = {"size": SIZE, "workers": WORKERS, "progress": False}
-    if loader is not None:  # the synthetic loader of the open-time rounds: keys are not files
+    kwargs: dict[str, Any] = {"workers": WORKERS, "progress": False}
+    if loader is None:
+        kwargs["size"] = SIZE
+    else:  # the synthetic loader of the open-time rounds: keys are not files; it has its size
         kwargs["loader"] = loader
         kwargs["loader_id"] = loader.loader_id
         kwargs["identity"] = "none"

@@ -1,8 +1,11 @@
 """What a code object computes, without where it was written.
 
 The parts of a code object that say what it does (its instructions, argument
-counts, flags, names, variables and exception table, and its constants) go
-into its digest; line numbers, column positions and the file name do not, so
+counts, flags, names, variables and exception table) go into its digest, and
+each instruction that loads a constant carries that constant's digest, not
+its index in ``co_consts``: a constant no instruction loads (the docstring)
+says nothing of what the code does, and adding one does not shift the
+others; line numbers, column positions and the file name do not, so
 comments, blank lines and moving a function keep its digest. The globals its
 bytecode reads are listed with the attribute chain after each
 (``utils.resize``, ``cfg.SIZE``), through nested code (lambdas, comprehensions,
@@ -28,6 +31,8 @@ _CELL_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
 _JUMPS = frozenset(dis.hasjrel + dis.hasjabs)
 # Instructions whose argument is a name (its index, and flags such as NULL, vary).
 _BY_NAME = frozenset(dis.opname[op] for op in dis.hasname)
+# Instructions whose argument indexes co_consts (LOAD_CONST, KW_NAMES, RETURN_CONST, ...).
+_BY_CONST = frozenset(dis.hasconst)
 
 
 @dataclass
@@ -88,7 +93,7 @@ def writes_enclosing(code: types.CodeType) -> str | None:
     return None
 
 
-def _instructions(code: types.CodeType) -> bytes:
+def _instructions(code: types.CodeType, constant: Callable[[int], bytes]) -> bytes:
     """The bytecode as instructions that do not depend on how the code was compiled.
 
     ``obj.meth(...)`` compiles to ``LOAD_METHOD`` where ``obj`` was not imported
@@ -96,7 +101,9 @@ def _instructions(code: types.CodeType) -> bytes:
     ``LOAD_GLOBAL``) where it was: IPython compiles each statement of a cell
     apart, a script at once. Both are written as one attribute load of the
     name; jump targets and the exception table as instruction indices (the
-    inline caches of the two differ in size, so offsets differ).
+    inline caches of the two differ in size, so offsets differ). An
+    instruction that refers to a constant carries ``constant(index)``, the
+    constant's digest: indices shift when a docstring is added or removed.
     """
     listing = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
     index = {ins.offset: n for n, ins in enumerate(listing)}
@@ -112,6 +119,8 @@ def _instructions(code: types.CodeType) -> bytes:
             arg = f"->{at(int(ins.argval))}"
         elif ins.opname in _BY_NAME:
             arg = str(ins.argval)
+        elif ins.opcode in _BY_CONST and ins.arg is not None:
+            arg = "=" + constant(ins.arg).hex()
         else:
             arg = "" if ins.arg is None else str(ins.arg)
         out.append(f"{name} {arg}")
@@ -120,30 +129,30 @@ def _instructions(code: types.CodeType) -> bytes:
     return "\n".join(out).encode()
 
 
-def code_parts(
-    code: types.CodeType,
-    const: Callable[[object, str], bytes],
-    *,
-    drop_doc: bool = False,
-) -> list[bytes]:
+def code_parts(code: types.CodeType, const: Callable[[object, str], bytes]) -> list[bytes]:
     """The parts of ``code`` that say what it computes, each as bytes.
 
     ``const(value, label)`` digests one constant (nested code included, so that
     it is normalised recursively: sets sorted, floats exact, types tagged).
-    ``drop_doc`` replaces the first constant when it is the function's own
-    docstring (only then: on CPython 3.10/3.11 a comprehension's first constant
-    can be a string literal).
+    Constants enter only through the instructions that load them, by their
+    digest: the function's docstring (which no instruction loads) is left out
+    wherever it sits in ``co_consts``, while a string literal the code does
+    load (on CPython 3.10/3.11 a comprehension's first constant can be one)
+    is kept, as is a literal equal to the docstring.
     """
-    consts = list(code.co_consts)
-    if drop_doc and consts and isinstance(consts[0], str):
-        consts[0] = None
+    digests: dict[int, bytes] = {}
+
+    def constant(index: int) -> bytes:
+        if index not in digests:
+            digests[index] = const(code.co_consts[index], f"constant {index}")
+        return digests[index]
+
     text = [
         code.co_name, code.co_qualname, " ".join(code.co_names), " ".join(code.co_varnames),
         " ".join(code.co_freevars), " ".join(code.co_cellvars),
     ]
     numbers = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
                code.co_flags & ~_DOC_FLAG)
-    parts = [b"code", _instructions(code), repr(numbers).encode()]
+    parts = [b"code", _instructions(code, constant), repr(numbers).encode()]
     parts.extend(t.encode() + b"\0" for t in text)
-    parts.extend(const(c, f"constant {i}") for i, c in enumerate(consts))
     return parts

@@ -217,8 +217,8 @@ class Walker:
             self._record(path, "user", d)
         return d
 
-    def _code(self, code: types.CodeType, drop_doc: bool = False) -> bytes:
-        return digest(*code_parts(code, lambda c, label: self.value(c, label), drop_doc=drop_doc))
+    def _code(self, code: types.CodeType) -> bytes:
+        return digest(*code_parts(code, lambda c, label: self.value(c, label)))
 
     def function(self, fn: types.FunctionType, path: str) -> bytes:
         """A function: by name from a library, else its code and everything it reads."""
@@ -230,9 +230,7 @@ class Walker:
         if written is not None:
             raise self.refuse(path, fn, f"code that assigns the enclosing variable {written!r} "
                               "(nonlocal), state that changes as it runs")
-        doc = fn.__doc__
-        own = self._code(code, drop_doc=bool(code.co_consts) and doc is not None
-                         and code.co_consts[0] == doc)
+        own = self._code(code)
         self._record(path, "user" if user else "library", own)
         parts = [b"function", own]
         if fn.__defaults__:

@@ -3,7 +3,7 @@
 Each run is a new process (a script, ``python -c``, stdin, an import from a
 module, a real notebook kernel), under several ``PYTHONHASHSEED`` values; edits
 that do not change what the loader computes (comments, blank lines, moving it,
-its docstring) keep the id, in new processes too.
+editing, adding or removing its docstring) keep the id, in new processes too.
 """
 
 from __future__ import annotations
@@ -107,6 +107,32 @@ def test_edits_that_compute_nothing_keep_the_id(
 ) -> None:
     assert old in SOURCE
     assert _by_script(tmp_path, SOURCE.replace(old, new), "7") == reference
+
+
+# One loader ending in a bare ``return``, one returning a value: on CPython 3.11 the ``None``
+# of a bare return sits where the docstring would, so adding one shifts the constants' indices.
+ENDS = {
+    "bare-return": "    print(SIZE, len(path), 'x', None)\n    return\n",
+    "returns-a-value": "    out = SIZE * len(path) + 1.5\n    return ('x', out, None)\n",
+}
+DOCSTRING = '    """Show one path.\n\n    Longer, with "quotes" and \'x\'."""\n'
+
+
+def _ended(body: str, doc: bool) -> str:
+    return "import tensorstore_cache as tsc\nSIZE = 3\n\n\ndef image_vector(path):\n" + (
+        DOCSTRING if doc else "") + body + "\n\nLOADER = image_vector\n"
+
+
+@pytest.mark.parametrize("end", sorted(ENDS))
+@pytest.mark.parametrize("change", ["adding", "removing"])
+def test_adding_or_removing_a_docstring_keeps_the_id(tmp_path: Path, end: str, change: str) -> None:
+    before, after = _ended(ENDS[end], change == "removing"), _ended(ENDS[end], change == "adding")
+    assert (DOCSTRING in before) != (DOCSTRING in after)
+    first = _by_script(tmp_path, before, "5")
+    assert _by_script(tmp_path, after, "9") == first
+    # and the constants still count: a changed one is a new id, with or without the docstring
+    changed = after.replace("'x'", "'y'")
+    assert changed != after and _by_script(tmp_path, changed, "9") != first
 
 
 def test_moving_the_function_to_another_place_in_the_file(tmp_path: Path, reference: str) -> None:

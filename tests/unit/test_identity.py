@@ -97,6 +97,31 @@ def test_what_computes_changes_the_id(tmp_path: Path, edit: Any) -> None:
     assert ident(tmp_path, edit(BASE)) != ident(tmp_path, BASE)
 
 
+@pytest.mark.parametrize(("source", "old", "new"), [
+    # a comprehension's first constant is a string it loads (CPython 3.10/3.11): kept
+    ("def load(path):\n    return [c + 'x' for c in path]\n", "'x'", "'y'"),
+    # a literal equal to the docstring is one constant with it: loaded, so kept
+    ("def load(path):\n    'x'\n    return 'x'\n", "return 'x'", "return 'y'"),
+    # nested code is digested with its constants
+    ("def load(path):\n    def inner(p):\n        return p * 2\n    return inner(path)\n",
+     "p * 2", "p * 3"),
+    ("def load(path):\n    return sorted(path, key=lambda c: (c, 'a'))\n", "'a'", "'b'"),
+], ids=["comprehension-first-string", "literal-equal-to-docstring", "inner-function", "lambda"])
+def test_a_loaded_constant_counts_wherever_it_sits(
+    tmp_path: Path, source: str, old: str, new: str
+) -> None:
+    assert ident(tmp_path, source.replace(old, new)) != ident(tmp_path, source)
+
+
+def test_a_docstring_added_or_removed_keeps_the_id(tmp_path: Path) -> None:
+    bare = "def load(path):\n    print(len(path), None)\n    return\n"
+    documented = bare.replace("(path):\n", "(path):\n    'Print one path.'\n")
+    assert ident(tmp_path, documented) == ident(tmp_path, bare)
+    value = "def load(path):\n    return (len(path), 'x', None)\n"
+    assert ident(tmp_path, value.replace("(path):\n", "(path):\n    'Doc.'\n")) == ident(
+        tmp_path, value)
+
+
 def test_a_helper_in_another_local_module_two_levels_deep(tmp_path: Path) -> None:
     main = "import utils\ndef load(path):\n    return utils.resize(path)\n"
     utils = "import deep\ndef resize(p):\n    return deep.scale(len(p))\n"

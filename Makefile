@@ -8,7 +8,7 @@ PEERS     := .venv-peers
 PEERS_MDS := .venv-peers-mds
 REQ       := benchmarks/requirements
 
-.PHONY: test bench lint install peers clean docs docs-serve
+.PHONY: test test-matrix bench lint install peers clean docs docs-serve
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ TEST_JOBS ?= 2
 test: lint
 	$(BIN)/python -m compileall -q tensorstore_cache benchmarks tests > /dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+
+# The suites that need neither torch nor the peers on Python 3.12 and 3.13 with the newest
+# releases, and on Python 3.11 with the oldest that pyproject.toml allows, each in its own venv
+# (.venv-3.12, .venv-3.13, .venv-3.11-oldest), set up by .ci/matrix itself; docs/development.md.
+test-matrix:
+	MATRIX_JOBS=$(TEST_JOBS) bash .ci/matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -81,4 +87,5 @@ $(PEERS_MDS)/.installed: $(REQ)/peers-mds.txt $(REQ)/peers-mds-nodeps.txt
 
 clean:
 	rm -rf $(VENV) $(PEERS) $(PEERS_MDS) $(PEERS).log $(PEERS_MDS).log build site *.egg-info \
+	  .venv-3.12 .venv-3.13 .venv-3.11-oldest .venv-3.1*.log \
 	  .pytest_cache .mypy_cache .ruff_cache

@@ -34,7 +34,7 @@ test: lint
 # releases, and on Python 3.11 with the oldest that pyproject.toml allows, each in its own venv
 # (.venv-3.12, .venv-3.13, .venv-3.11-oldest), set up by .ci/matrix itself; docs/development.md.
 test-matrix:
-	MATRIX_JOBS=$(TEST_JOBS) bash .ci/matrix
+	bash .ci/matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -10,7 +10,7 @@ TV        := .venv-torchvision
 PEERS_LANCE := .venv-peers-lance
 REQ       := benchmarks/requirements
 
-.PHONY: test bench lint install peers clean docs docs-serve test-torchvision
+.PHONY: test test-matrix bench lint install peers clean docs docs-serve test-torchvision
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ $(TV)/.installed: pyproject.toml Makefile
 
 test-torchvision: $(TV)/.installed
 	$(TV)/bin/python -m pytest -q -p no:cacheprovider tests/test_torchvision
+
+# The suites that need neither torch nor the peers on Python 3.12 and 3.13 with the newest
+# releases, and on Python 3.11 with the oldest that pyproject.toml allows, each in its own venv
+# (.venv-3.12, .venv-3.13, .venv-3.11-oldest), set up by .ci/matrix itself; docs/development.md.
+test-matrix:
+	bash .ci/matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -105,6 +111,7 @@ $(PEERS_MDS)/.installed: $(REQ)/peers-mds.txt $(REQ)/peers-mds-nodeps.txt
 clean:
 	rm -rf $(VENV) $(TV) $(TV).log $(TV).rc $(PEERS) $(PEERS_MDS) $(PEERS_LANCE) $(PEERS).log \
 	  $(PEERS_MDS).log $(PEERS_LANCE).log build site *.egg-info \
+	  .venv-3.12 .venv-3.13 .venv-3.11-oldest .venv-3.1*.log \
 	  .pytest_cache .mypy_cache .ruff_cache
 
 # Lance (pylance) with its own pyarrow and numpy, no torch (see peers-lance.txt)

@@ -100,7 +100,7 @@ def _fits(value: Any, dtype: np.dtype[Any]) -> bool:
     if type(value) in (int, float, bool) and value == 0:  # the usual pad: fits every dtype
         return True
     try:
-        np.array(value, dtype=dtype, copy=None) if np.ndim(value) == 0 else None
+        np.array(value, dtype=dtype) if np.ndim(value) == 0 else None  # out of range: raises
         return bool(np.all(np.array(value).astype(dtype) == np.array(value)))
     except (OverflowError, ValueError, TypeError):
         return False

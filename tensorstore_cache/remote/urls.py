@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,6 +94,23 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any
         ) from None
     fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     return fs, str(root).rstrip("/")
+
+
+def _fresh_fsspec_loop_in_child() -> None:
+    """Drop fsspec's event loop and its thread in a forked child (fsspec < 2025.7 kept them).
+
+    The parent's loop runs in a thread the child does not have: every call of an async
+    filesystem (s3fs) made in the child waited on it for ever. fsspec's own ``reset_lock``
+    (in every release the bounds allow) makes the child start its own loop on first use;
+    newer releases do the same at fork themselves, and doing it twice is harmless.
+    """
+    asyn = sys.modules.get("fsspec.asyn")
+    if asyn is not None and getattr(asyn, "reset_lock", None) is not None:
+        asyn.reset_lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_fsspec_loop_in_child)
 
 
 def url_dir(url: str) -> str:

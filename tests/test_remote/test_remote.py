@@ -39,6 +39,11 @@ class CountingFS(LocalFileSystem):  # type: ignore[misc]
 
     protocol = "countfs"
 
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        text = str(path)  # fsspec 2024.2 strips only file:// and local:// of a local path
+        return super()._strip_protocol(text.removeprefix("countfs://"))
+
     def _log(self, what: str, path: str) -> None:
         log = os.environ.get(COUNT_LOG)
         if log:

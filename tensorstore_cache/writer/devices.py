@@ -205,6 +205,13 @@ def _inner(obj: Any) -> list[Any]:
     return held + [v for d in held if isinstance(d, dict) for v in d.values()]
 
 
+def _depth(obj: Any) -> tuple[bool, bool]:
+    """How deep a file object of a wrapping cycle sits, by its type (lower: close it first):
+    a raw stream last, then io's own buffers, a Python-level wrapper (a GzipFile) first."""
+    kind = type(obj)
+    return issubclass(kind, io.RawIOBase), kind.__module__ in ("_io", "io")
+
+
 def exit_quickly() -> None:
     """At exit, once this device worker has served its build: finish what the teardown would,
     then exit without it.
@@ -237,7 +244,9 @@ def exit_quickly() -> None:
     left = set(files)
     while left:  # the outermost first: no file left wraps them
         wrapped = {j for i in left for j in wraps[i]}
-        outer = [i for i in left if i not in wrapped] or list(left)  # a cycle: any order
+        # a cycle (since Python 3.12 a GzipFile being written, its buffer and the raw stream
+        # under it hold each other): the wrapper of the three first, one at a time
+        outer = [i for i in left if i not in wrapped] or [min(left, key=lambda i: _depth(files[i]))]
         for i in outer:
             left.discard(i)
             with contextlib.suppress(Exception):

@@ -250,6 +250,14 @@ def _fill(
             manifest = _publish_part(ns, part, todo)
             if manifest is not None:
                 _maybe_compact(ns, manifest)
+    return _open_complete(ns, keys, skipped, item_shape)
+
+
+def _open_complete(
+    ns: Namespace, keys: list[str], skipped: set[str], item_shape: tuple[int, ...] | None
+) -> CacheStore:
+    """The namespace's current store (an empty one of ``item_shape`` if none), checked to hold
+    every key but those skipped; closed again if it does not."""
     final = _open(ns, ns.current(), pin=True)
     store = final if final is not None else _empty(ns, item_shape)
     try:
@@ -311,14 +319,7 @@ def _fill_remote(
         return _build_part(ns, missing + stale, options, item_shape, schema, label, tokens)
 
     skipped = fill_remote(ns, remote, deadline, todo, build_part)
-    final = _open(ns, ns.current(), pin=True)
-    store = final if final is not None else _empty(ns, options.build.loader.item_shape)
-    try:
-        _check_complete(store, keys, skipped)
-    except BaseException:
-        store.close()
-        raise
-    return store
+    return _open_complete(ns, keys, skipped, options.build.loader.item_shape)
 
 
 def _check_complete(store: CacheStore, keys: list[str], skipped: set[str]) -> None:

@@ -38,7 +38,7 @@ test: lint
 	  test "$$(cat $(TV).rc)" = 0 || { tail -n 20 $(TV).log; echo "$(TV) did not install"; exit 1; }
 	$(MAKE) --no-print-directory test-torchvision
 
-# The torchvision suite (tests/test_torchvision, left out of the .venv run by its conftest) in an
+# The torchvision suite (tests/test_torch/with_torchvision, left out of the .venv run by its conftest) in an
 # environment of its own: torchvision 0.29.1 needs torch 2.14.1, which cannot sit beside the
 # CPU build of .venv.
 $(TV)/.installed: pyproject.toml Makefile
@@ -50,7 +50,7 @@ $(TV)/.installed: pyproject.toml Makefile
 	touch $@
 
 test-torchvision: $(TV)/.installed
-	$(TV)/bin/python -m pytest -q -p no:cacheprovider tests/test_torchvision
+	$(TV)/bin/python -m pytest -q -p no:cacheprovider tests/test_torch/with_torchvision
 
 # The suites that need neither torch nor the peers on Python 3.12 and 3.13 with the newest
 # releases, and on Python 3.11 with the oldest that pyproject.toml allows, each in its own venv

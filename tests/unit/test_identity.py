@@ -3,7 +3,7 @@
 Each case builds the loader from source, as a user's script would, in a
 directory of its own (its local modules beside it), and compares ids. That the
 same source gives the same id in fresh interpreters is tested in
-tests/test_identity/test_stable.py.
+tests/test_api/test_loader_names_stable.py.
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ that lock and only its holder talks to the remote:
    merges them into one and commits that too.
 
 Correctness rests on the create-only manifests alone; the lease only saves work.
+
+Keys the cluster holds but whose sources differ on this node (another copy's
+bytes, judged by stat and then content hash; see
+:mod:`~tensorstore_cache.cache.seen_sources`) are recomputed into *node
+parts*: listed after the remote generation's parts in the node's manifest
+(so they win), never uploaded, kept across syncs. Past
+:data:`MAX_REMOTE_PARTS` node parts they are merged into one.
 """
 
 from __future__ import annotations
@@ -77,8 +84,9 @@ class _Seen:
     parts: tuple[PartRef, ...]
 
 
-#: Returns the keys of the call still to compute against the node's current namespace.
-Todo = Callable[[], list[str]]
+#: Returns the keys of the call still to compute against the node's current namespace: those
+#: for the cluster (missing), and those for this node only (its sources differ).
+Todo = Callable[[], tuple[list[str], list[str]]]
 #: Builds keys into a new local part: its id (None if every key was skipped), the skipped keys.
 Build = Callable[[list[str]], tuple[str | None, set[str]]]
 
@@ -110,7 +118,10 @@ def fill_remote(
             excused |= skipped
             if not same or seen is None:
                 seen = node.sync(manifest)
-            left = [k for k in todo() if k not in excused]
+            left, own = (_unexcused(keys, excused) for keys in todo())
+            if own:
+                excused |= node.build_own(seen, own, build)
+                left = [k for k in left if k not in excused]
             if not left:
                 return excused
             base = seen
@@ -126,6 +137,10 @@ def fill_remote(
             excused |= built_skipped
     finally:
         discard_tree(node.scratch)
+
+
+def _unexcused(keys: list[str], excused: set[str]) -> list[str]:
+    return [k for k in keys if k not in excused]
 
 
 def _hold(
@@ -147,7 +162,7 @@ def _hold(
             raise CorruptStoreError(f"{node.rns.where()!r}: generation "
                                     f"{current.generation + 1} was taken but cannot be read")
         current = node.sync(theirs)
-        if not [k for k in todo() if k not in skipped]:
+        if not _unexcused(todo()[0], skipped):
             return current, skipped  # the winner holds our keys: ours is never referenced
     stage("committed")
     committed = node.publish(_Seen(current.generation + 1, tuple(parts)))
@@ -172,14 +187,29 @@ def _compact(node: _Node, seen: _Seen) -> _Seen:
     return committed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Node:
-    """This node's namespace, the remote one, and a scratch directory for bundles."""
+    """This node's namespace, the remote one, a scratch directory for bundles, and this
+    node's own parts (listed after the remote ones)."""
 
     ns: Namespace
     rns: RemoteNamespace
     scratch: Path
     url: str
+    own: list[str] = field(default_factory=list)
+
+    def build_own(self, seen: _Seen, keys: list[str], build: Build) -> set[str]:
+        """Build ``keys`` into a part of this node only and publish it; return those skipped."""
+        part, skipped = build(keys)
+        if part is not None:
+            self.own.append(part)
+            if len(self.own) > MAX_REMOTE_PARTS:
+                merged = self.ns.new_part_id()
+                with self.ns.open_parts(self.own, pin=False) as view:
+                    write_merged(view, self.ns.part_dir(merged), trust=self.ns.trust)
+                self.own[:] = [merged]
+            self.publish(seen)
+        return skipped
 
     def upload(self, part: str) -> PartRef:
         return self.rns.upload_part(self.ns.part_dir(part), part, self.scratch)
@@ -203,7 +233,7 @@ class _Node:
         and remember which remote generation it mirrors."""
         ns = self.ns
         local = ns.current()
-        ids = [p.id for p in seen.parts]
+        ids = [p.id for p in seen.parts] + self.own
         if local is None or list(local.parts) != ids:
             entries, shape = 0, None
             if ids:
@@ -216,7 +246,8 @@ class _Node:
                                         "held the build lock; locks do not work here")
         tmp = ns.root / f".{_STATE}.tmp"
         write_json_durable(tmp, {"url": self.url, "generation": seen.generation,
-                                 "parts": [p.doc() for p in seen.parts]}, trust=ns.trust)
+                                 "parts": [p.doc() for p in seen.parts], "own": self.own},
+                           trust=ns.trust)
         os.replace(tmp, ns.root / _STATE)
         return seen
 
@@ -229,9 +260,11 @@ class _Node:
                 return None
             parts = tuple(PartRef(str(p["id"]), int(p["size"]), str(p["xxh3"]))
                           for p in doc["parts"])
+            own = [str(p) for p in doc.get("own", [])]
             local = self.ns.current()
-            if [p.id for p in parts] != (list(local.parts) if local is not None else []):
+            if [p.id for p in parts] + own != (list(local.parts) if local is not None else []):
                 return None
+            self.own[:] = own
             return _Seen(int(doc["generation"]), parts)
         except (OSError, ValueError, KeyError, TypeError):
             return None

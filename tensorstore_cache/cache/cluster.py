@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +42,12 @@ from typing import Any
 from ..errors import CorruptStoreError
 from ..fs import discard_tree, remove_tree, write_json_durable
 from ..remote import (
+    Lease,
     LeaseTimes,
     PartRef,
     RemoteManifest,
     RemoteNamespace,
+    WriteDeniedError,
     acquire,
     check_conditional,
     monotonic,
@@ -56,12 +59,33 @@ from ..remote import (
 from ..writer import write_merged
 from .namespace import Namespace, valid_part_id
 
-__all__ = ["MAX_REMOTE_PARTS", "RemoteOptions", "fill_remote", "lease_deadline", "probe_file"]
+__all__ = ["MAX_REMOTE_PARTS", "MODE_ENV", "RemoteOptions", "fill_remote", "lease_deadline",
+           "probe_file", "read_only_from_env"]
 
 #: More parts than this in a remote generation are merged into one by the next holder.
 MAX_REMOTE_PARTS = 4
 _STATE = "remote.json"
 _SCRATCH = "remote-scratch"
+#: The environment variable that makes every call read the remote only: ``read``.
+MODE_ENV = "TSC_REMOTE_MODE"
+
+
+def read_only_from_env() -> bool:
+    """Whether ``$TSC_REMOTE_MODE`` says ``read`` (unset, empty or ``write``: no).
+
+    Raises
+    ------
+    ValueError
+        If it says something else.
+    """
+    raw = os.environ.get(MODE_ENV, "").strip()
+    if raw.lower() in ("", "write"):
+        return False
+    if raw.lower() == "read":
+        return True
+    raise ValueError(f"${MODE_ENV}={raw!r} is not a mode: 'read' serves what the cluster holds "
+                     "and builds what it lacks into this node's cache only; unset, every call "
+                     "may write")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +98,8 @@ class RemoteOptions:
     """Options of the fsspec filesystem."""
     times: LeaseTimes = field(default_factory=LeaseTimes.from_env)
     """Lease time, heartbeat and polls."""
+    read_only: bool = field(default_factory=read_only_from_env)
+    """Never write to the remote (``$TSC_REMOTE_MODE=read``): misses are built for this node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +133,10 @@ def fill_remote(
     another machine's lease (:class:`~tensorstore_cache.StoreLockedError`).
     """
     objects = objects_at(remote.url, remote.storage_options)
-    check_conditional(objects, probe_file(ns.root.parent, objects.url))
-    node = _Node(ns, RemoteNamespace(objects, ns.root.name), _scratch(ns), objects.url)
+    node = _Node(ns, RemoteNamespace(objects, ns.root.name), _scratch(ns), objects.url,
+                 read_only=remote.read_only)
+    # a store known to ignore create-only writes is refused before any request
+    check_conditional(objects, probe_file(ns.root.parent, objects.url), probe=False)
     seen = node.read_seen()
     excused: set[str] = set()
     try:
@@ -125,9 +153,9 @@ def fill_remote(
             if not left:
                 return excused
             base = seen
-            nxt = base.generation + 1
-            lease = acquire(objects, node.rns.rel("leases"), base.generation,
-                            functools.partial(node.rns.exists, nxt), remote.times, deadline)
+            lease = None if node.read_only else node.acquire(base, remote.times, deadline)
+            if node.read_only:
+                return excused | node.build_own(seen, left, build)
             if lease is None:
                 continue  # someone committed the next generation: fetch it, plan again
             try:
@@ -150,6 +178,18 @@ def _hold(
     stage("leased")
     part, skipped = build(left)
     stage("built")
+    try:
+        return _commit(node, base, part, skipped, todo)
+    except WriteDeniedError as exc:  # a read-only node after all: the part stays here
+        node.deny(exc)
+        node.keep_own(base, part)
+        return base, skipped
+
+
+def _commit(
+    node: _Node, base: _Seen, part: str | None, skipped: set[str], todo: Todo
+) -> tuple[_Seen, set[str]]:
+    """Upload ``part`` and commit it on ``base`` (or after the winner of a race)."""
     ref = node.upload(part) if part is not None else None
     stage("uploaded")
     current = base
@@ -197,19 +237,50 @@ class _Node:
     scratch: Path
     url: str
     own: list[str] = field(default_factory=list)
+    read_only: bool = False
+
+    def deny(self, exc: WriteDeniedError) -> None:
+        """The remote refused a write: read it only from now on, and say so once."""
+        if not self.read_only:
+            warnings.warn(
+                f"{self.rns.where()!r} refused a write ({exc.strerror}): the credentials may "
+                "only read; this call uses what the cluster holds and builds what it lacks "
+                f"into this node's cache only (${MODE_ENV}=read says so from the start)",
+                stacklevel=2)
+        self.read_only = True
+
+    def acquire(self, base: _Seen, times: LeaseTimes, deadline: float | None) -> Lease | None:
+        """The lease on ``base`` (see :func:`~tensorstore_cache.remote.acquire`), the store
+        probed first (once per node cache); None if the next generation was committed
+        meanwhile or the remote refused the write."""
+        try:
+            # the store is probed before its first write (a node that only reads needs not)
+            check_conditional(self.rns.objects, probe_file(self.ns.root.parent, self.url))
+            return acquire(self.rns.objects, self.rns.rel("leases"), base.generation,
+                           functools.partial(self.rns.exists, base.generation + 1), times,
+                           deadline)
+        except WriteDeniedError as exc:
+            self.deny(exc)
+            return None
 
     def build_own(self, seen: _Seen, keys: list[str], build: Build) -> set[str]:
         """Build ``keys`` into a part of this node only and publish it; return those skipped."""
         part, skipped = build(keys)
-        if part is not None:
-            self.own.append(part)
-            if len(self.own) > MAX_REMOTE_PARTS:
-                merged = self.ns.new_part_id()
-                with self.ns.open_parts(self.own, pin=False) as view:
-                    write_merged(view, self.ns.part_dir(merged), trust=self.ns.trust)
-                self.own[:] = [merged]
-            self.publish(seen)
+        self.keep_own(seen, part)
         return skipped
+
+    def keep_own(self, seen: _Seen, part: str | None) -> None:
+        """Publish ``seen`` with ``part`` (if any) added to this node's own parts (merged into
+        one past :data:`MAX_REMOTE_PARTS`)."""
+        if part is None:
+            return
+        self.own.append(part)
+        if len(self.own) > MAX_REMOTE_PARTS:
+            merged = self.ns.new_part_id()
+            with self.ns.open_parts(self.own, pin=False) as view:
+                write_merged(view, self.ns.part_dir(merged), trust=self.ns.trust)
+            self.own[:] = [merged]
+        self.publish(seen)
 
     def upload(self, part: str) -> PartRef:
         return self.rns.upload_part(self.ns.part_dir(part), part, self.scratch)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,17 +119,24 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("cwd"):
         os.chdir(spec["cwd"])
     reads = _count_content_reads()
-    store = tsc.cached(
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store = _cached(tsc, spec, keys, files)
+    got = store.take(store.rows(keys))
+    want = np.stack([_bytes_value(Path(k).read_bytes()) if files else _value(k) for k in keys])
+    wrong = int(np.sum(np.any(got != want, axis=1)))
+    return {"ok": True, "wrong": wrong, "n": len(store), "content_reads": reads[0],
+            "warnings": [str(w.message) for w in caught], "location": store.location}
+
+
+def _cached(tsc: Any, spec: dict[str, Any], keys: list[str], files: bool) -> Any:
+    return tsc.cached(
         keys, cache_dir=spec["cache_dir"], remote=spec["remote"],
         storage_options=spec.get("storage_options"), loader=file_vector if files else vector,
         loader_id="cluster.file/1" if files else "cluster.vec/1",
         identity=spec.get("identity", "stat" if files else "none"), workers=1, progress=False,
         on_error=spec.get("on_error", "raise"), lock_timeout=spec.get("lock_timeout"),
     )
-    got = store.take(store.rows(keys))
-    want = np.stack([_bytes_value(Path(k).read_bytes()) if files else _value(k) for k in keys])
-    wrong = int(np.sum(np.any(got != want, axis=1)))
-    return {"ok": True, "wrong": wrong, "n": len(store), "content_reads": reads[0]}
 
 
 @dataclass

@@ -34,19 +34,22 @@ from typing import Any
 __all__ = ["CountingS3", "Fault", "Request", "S3Process"]
 
 #: The faults a :class:`Fault` can inject.
-FAULT_KINDS = ("lost", "conflict", "slowdown", "stall", "ignore_conditions")
+FAULT_KINDS = ("lost", "conflict", "slowdown", "stall", "ignore_conditions", "denied")
 
 
 @dataclass
 class Fault:
     """Inject ``kind`` into the next ``count`` requests (-1: every one) of ``method`` whose
-    key contains ``match``."""
+    key contains ``match`` (and, if ``access_key`` is given, signed with that access key id:
+    ``denied`` answers them 403 ``AccessDenied``, as a bucket policy does to read-only
+    credentials)."""
 
     kind: str
     match: str = ""
     method: str = "PUT"
     count: int = 1
     seconds: float = 0.0
+    access_key: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -54,7 +57,8 @@ class Fault:
 
 
 def _error(code: int, name: str, message: str) -> tuple[str, bytes]:
-    reason = {409: "Conflict", 500: "Internal Server Error", 503: "Slow Down"}[code]
+    reason = {403: "Forbidden", 409: "Conflict", 500: "Internal Server Error",
+              503: "Slow Down"}[code]
     body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{name}</Code>'
             f"<Message>{message}</Message></Error>").encode()
     return f"{code} {reason}", body
@@ -193,10 +197,11 @@ class CountingS3:
 
         return middleware
 
-    def _take_fault(self, method: str, key: str) -> Fault | None:
+    def _take_fault(self, method: str, key: str, signer: str) -> Fault | None:
         with self._lock:
             for fault in self.faults:
-                if fault.count != 0 and fault.method == method and fault.match in key:
+                if (fault.count != 0 and fault.method == method and fault.match in key
+                        and fault.access_key in ("", signer)):
                     if fault.count > 0:
                         fault.count -= 1
                     return fault
@@ -205,7 +210,9 @@ class CountingS3:
     def _serve(self, app: Callable[..., Iterable[bytes]], environ: dict[str, Any],
                start_response: Callable[..., Any], key: str) -> Iterable[bytes]:
         """Serve one request through moto, with the fault it is given (if any)."""
-        fault = self._take_fault(environ["REQUEST_METHOD"], key)
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        signer = auth.split("Credential=", 1)[1].split("/", 1)[0] if "Credential=" in auth else ""
+        fault = self._take_fault(environ["REQUEST_METHOD"], key, signer)
         kind = fault.kind if fault is not None else None
         if fault is not None and kind == "stall":
             held = f"{environ['REQUEST_METHOD']} {key}"
@@ -214,9 +221,10 @@ class CountingS3:
             time.sleep(fault.seconds)
             with self._lock:
                 self.stalled.remove(held)
-        if kind in ("conflict", "slowdown"):
+        if kind in ("conflict", "slowdown", "denied"):
             st, body = (_error(409, "ConditionalRequestConflict", "A conflicting operation "
                                "occurred") if kind == "conflict"
+                        else _error(403, "AccessDenied", "Access Denied") if kind == "denied"
                         else _error(503, "SlowDown", "Please reduce your request rate."))
             start_response(st, [("Content-Type", "application/xml")])
             return [body]

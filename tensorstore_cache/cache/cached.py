@@ -31,6 +31,7 @@ from .compact import merge_start
 from .fingerprint import fingerprint, namespace_name
 from .loader_record import after_build, before_build
 from .namespace import Manifest, Namespace
+from .seen_sources import NodeSeenSources
 
 __all__ = ["CacheOptions", "cached_store"]
 
@@ -124,9 +125,16 @@ def _reporter(ns: Namespace, progress: bool) -> Callable[[Holder | None], None]:
 
 
 def _plan(
-    store: CacheStore | None, keys: list[str], options: CacheOptions, tokens: _Tokens
+    ns: Namespace, store: CacheStore | None, keys: list[str], options: CacheOptions,
+    tokens: _Tokens,
 ) -> tuple[list[str], list[str]]:
-    """Return ``(missing, stale)`` keys of ``keys`` against ``store``."""
+    """Return ``(missing, stale)`` keys of ``keys`` against ``store``.
+
+    With ``remote=`` and ``identity="stat"``, a source whose stat differs from the
+    recorded one is judged by its content hash, and the stats found to hold the
+    recorded bytes are remembered in the node namespace
+    (:mod:`~tensorstore_cache.cache.seen_sources`).
+    """
     if store is None or not keys:
         return list(keys), []
     rows = store.rows(keys, missing="ignore")
@@ -134,7 +142,18 @@ def _plan(
     if options.on_stale == "ignore":
         return missing, []
     by_key = (lambda _found: tokens) if tokens is not None else None
-    return missing, stale_keys(view_of(store), keys, rows, kind=options.identity, tokens=by_key)
+    seen = NodeSeenSources(ns) if _copied_sources(options) else None
+    stale = stale_keys(view_of(store), keys, rows, kind=options.identity, tokens=by_key,
+                       seen=seen)
+    if seen is not None:
+        seen.save()
+    return missing, stale
+
+
+def _copied_sources(options: CacheOptions) -> bool:
+    """Whether each node may hold its own copy of the sources: a namespace shared through
+    ``remote=`` under ``identity="stat"`` (content hashes recorded and compared)."""
+    return options.remote is not None and options.identity == "stat"
 
 
 def _tokens(keys: list[str], options: CacheOptions) -> _Tokens:
@@ -180,7 +199,7 @@ def _look(
         return _empty(ns, options.build.loader.item_shape), None
     assert manifest is not None
     try:
-        missing, stale = _plan(view, keys, options, tokens)
+        missing, stale = _plan(ns, view, keys, options, tokens)
     except BaseException:
         view.close()
         raise
@@ -278,7 +297,7 @@ def _plan_build(
     schema = options.build.schema
     view = _open(ns, base, pin=False)
     try:
-        missing, stale = _plan(view, wanted, options, tokens)
+        missing, stale = _plan(ns, view, wanted, options, tokens)
         if stale and options.on_stale == "raise":
             raise StaleSourceError(stale)
         if view is not None and view.spec.records:
@@ -306,9 +325,11 @@ def _fill_remote(
     """Under the lock, with ``remote=``: the cluster's namespace holds ``keys`` once this
     returns (see :mod:`~tensorstore_cache.cache.cluster`); open it and check."""
 
-    def todo() -> list[str]:
+    def todo() -> tuple[list[str], list[str]]:
         missing, stale, _shape, _schema = _plan_build(ns, ns.current(), keys, options, tokens)
-        return missing + stale
+        if options.identity == "token":  # a version every node sees alike: for the cluster
+            return missing + stale, []
+        return missing, stale  # another copy's bytes: recomputed for this node only
 
     def build_part(left: list[str]) -> tuple[str | None, set[str]]:
         missing, stale, item_shape, schema = _plan_build(ns, ns.current(), left, options,
@@ -394,16 +415,17 @@ def _build_part(
     declared one) spares the builder a probing call of the loader, so every
     item is computed exactly once.
     ``label`` is what its progress bar says.
-    Content hashes of the sources (every one with ``identity="content"``, racily
-    clean ones always), taken before each source was read, go to the part's
-    side file.
+    Content hashes of the sources (every one with ``identity="content"`` or
+    ``remote=``, racily clean ones always), taken before each source was read,
+    go to the part's side file.
     """
     part = ns.new_part_id()
     target = ns.part_dir(part)
     loader = dataclasses.replace(options.build.loader, item_shape=item_shape)
     build_options = dataclasses.replace(
         options.build, loader=loader, overwrite=False,
-        identity=options.identity,
+        # records the stat (as "stat" does) and every source's content hash
+        identity="content" if _copied_sources(options) else options.identity,
         tokens=tokens,
         label=label, schema=schema,
     )

@@ -19,6 +19,13 @@ that lock and only its holder talks to the remote:
    merges them into one and commits that too.
 
 Correctness rests on the create-only manifests alone; the lease only saves work.
+
+Keys the cluster holds but whose sources differ on this node (another copy's
+bytes, judged by stat and then content hash; see
+:mod:`~tensorstore_cache.cache.seen_sources`) are recomputed into *node
+parts*: listed after the remote generation's parts in the node's manifest
+(so they win), never uploaded, kept across syncs. Past
+:data:`MAX_REMOTE_PARTS` node parts they are merged into one.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +42,12 @@ from typing import Any
 from ..errors import CorruptStoreError
 from ..fs import discard_tree, remove_tree, write_json_durable
 from ..remote import (
+    Lease,
     LeaseTimes,
     PartRef,
     RemoteManifest,
     RemoteNamespace,
+    WriteDeniedError,
     acquire,
     check_conditional,
     monotonic,
@@ -49,12 +59,33 @@ from ..remote import (
 from ..writer import write_merged
 from .namespace import Namespace, valid_part_id
 
-__all__ = ["MAX_REMOTE_PARTS", "RemoteOptions", "fill_remote", "lease_deadline", "probe_file"]
+__all__ = ["MAX_REMOTE_PARTS", "MODE_ENV", "RemoteOptions", "fill_remote", "lease_deadline",
+           "probe_file", "read_only_from_env"]
 
 #: More parts than this in a remote generation are merged into one by the next holder.
 MAX_REMOTE_PARTS = 4
 _STATE = "remote.json"
 _SCRATCH = "remote-scratch"
+#: The environment variable that makes every call read the remote only: ``read``.
+MODE_ENV = "TSC_REMOTE_MODE"
+
+
+def read_only_from_env() -> bool:
+    """Whether ``$TSC_REMOTE_MODE`` says ``read`` (unset, empty or ``write``: no).
+
+    Raises
+    ------
+    ValueError
+        If it says something else.
+    """
+    raw = os.environ.get(MODE_ENV, "").strip()
+    if raw.lower() in ("", "write"):
+        return False
+    if raw.lower() == "read":
+        return True
+    raise ValueError(f"${MODE_ENV}={raw!r} is not a mode: 'read' serves what the cluster holds "
+                     "and builds what it lacks into this node's cache only; unset, every call "
+                     "may write")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +98,8 @@ class RemoteOptions:
     """Options of the fsspec filesystem."""
     times: LeaseTimes = field(default_factory=LeaseTimes.from_env)
     """Lease time, heartbeat and polls."""
+    read_only: bool = field(default_factory=read_only_from_env)
+    """Never write to the remote (``$TSC_REMOTE_MODE=read``): misses are built for this node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +110,9 @@ class _Seen:
     parts: tuple[PartRef, ...]
 
 
-#: Returns the keys of the call still to compute against the node's current namespace.
-Todo = Callable[[], list[str]]
+#: Returns the keys of the call still to compute against the node's current namespace: those
+#: for the cluster (missing), and those for this node only (its sources differ).
+Todo = Callable[[], tuple[list[str], list[str]]]
 #: Builds keys into a new local part: its id (None if every key was skipped), the skipped keys.
 Build = Callable[[list[str]], tuple[str | None, set[str]]]
 
@@ -99,8 +133,10 @@ def fill_remote(
     another machine's lease (:class:`~tensorstore_cache.StoreLockedError`).
     """
     objects = objects_at(remote.url, remote.storage_options)
-    check_conditional(objects, probe_file(ns.root.parent, objects.url))
-    node = _Node(ns, RemoteNamespace(objects, ns.root.name), _scratch(ns), objects.url)
+    node = _Node(ns, RemoteNamespace(objects, ns.root.name), _scratch(ns), objects.url,
+                 read_only=remote.read_only)
+    # a store known to ignore create-only writes is refused before any request
+    check_conditional(objects, probe_file(ns.root.parent, objects.url), probe=False)
     seen = node.read_seen()
     excused: set[str] = set()
     try:
@@ -110,13 +146,16 @@ def fill_remote(
             excused |= skipped
             if not same or seen is None:
                 seen = node.sync(manifest)
-            left = [k for k in todo() if k not in excused]
+            left, own = (_unexcused(keys, excused) for keys in todo())
+            if own:
+                excused |= node.build_own(seen, own, build)
+                left = [k for k in left if k not in excused]
             if not left:
                 return excused
             base = seen
-            nxt = base.generation + 1
-            lease = acquire(objects, node.rns.rel("leases"), base.generation,
-                            functools.partial(node.rns.exists, nxt), remote.times, deadline)
+            lease = None if node.read_only else node.acquire(base, remote.times, deadline)
+            if node.read_only:
+                return excused | node.build_own(seen, left, build)
             if lease is None:
                 continue  # someone committed the next generation: fetch it, plan again
             try:
@@ -128,6 +167,10 @@ def fill_remote(
         discard_tree(node.scratch)
 
 
+def _unexcused(keys: list[str], excused: set[str]) -> list[str]:
+    return [k for k in keys if k not in excused]
+
+
 def _hold(
     node: _Node, base: _Seen, left: list[str], todo: Todo, build: Build
 ) -> tuple[_Seen, set[str]]:
@@ -135,6 +178,18 @@ def _hold(
     stage("leased")
     part, skipped = build(left)
     stage("built")
+    try:
+        return _commit(node, base, part, skipped, todo)
+    except WriteDeniedError as exc:  # a read-only node after all: the part stays here
+        node.deny(exc)
+        node.keep_own(base, part)
+        return base, skipped
+
+
+def _commit(
+    node: _Node, base: _Seen, part: str | None, skipped: set[str], todo: Todo
+) -> tuple[_Seen, set[str]]:
+    """Upload ``part`` and commit it on ``base`` (or after the winner of a race)."""
     ref = node.upload(part) if part is not None else None
     stage("uploaded")
     current = base
@@ -147,7 +202,7 @@ def _hold(
             raise CorruptStoreError(f"{node.rns.where()!r}: generation "
                                     f"{current.generation + 1} was taken but cannot be read")
         current = node.sync(theirs)
-        if not [k for k in todo() if k not in skipped]:
+        if not _unexcused(todo()[0], skipped):
             return current, skipped  # the winner holds our keys: ours is never referenced
     stage("committed")
     committed = node.publish(_Seen(current.generation + 1, tuple(parts)))
@@ -172,14 +227,60 @@ def _compact(node: _Node, seen: _Seen) -> _Seen:
     return committed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Node:
-    """This node's namespace, the remote one, and a scratch directory for bundles."""
+    """This node's namespace, the remote one, a scratch directory for bundles, and this
+    node's own parts (listed after the remote ones)."""
 
     ns: Namespace
     rns: RemoteNamespace
     scratch: Path
     url: str
+    own: list[str] = field(default_factory=list)
+    read_only: bool = False
+
+    def deny(self, exc: WriteDeniedError) -> None:
+        """The remote refused a write: read it only from now on, and say so once."""
+        if not self.read_only:
+            warnings.warn(
+                f"{self.rns.where()!r} refused a write ({exc.strerror}): the credentials may "
+                "only read; this call uses what the cluster holds and builds what it lacks "
+                f"into this node's cache only (${MODE_ENV}=read says so from the start)",
+                stacklevel=2)
+        self.read_only = True
+
+    def acquire(self, base: _Seen, times: LeaseTimes, deadline: float | None) -> Lease | None:
+        """The lease on ``base`` (see :func:`~tensorstore_cache.remote.acquire`), the store
+        probed first (once per node cache); None if the next generation was committed
+        meanwhile or the remote refused the write."""
+        try:
+            # the store is probed before its first write (a node that only reads needs not)
+            check_conditional(self.rns.objects, probe_file(self.ns.root.parent, self.url))
+            return acquire(self.rns.objects, self.rns.rel("leases"), base.generation,
+                           functools.partial(self.rns.exists, base.generation + 1), times,
+                           deadline)
+        except WriteDeniedError as exc:
+            self.deny(exc)
+            return None
+
+    def build_own(self, seen: _Seen, keys: list[str], build: Build) -> set[str]:
+        """Build ``keys`` into a part of this node only and publish it; return those skipped."""
+        part, skipped = build(keys)
+        self.keep_own(seen, part)
+        return skipped
+
+    def keep_own(self, seen: _Seen, part: str | None) -> None:
+        """Publish ``seen`` with ``part`` (if any) added to this node's own parts (merged into
+        one past :data:`MAX_REMOTE_PARTS`)."""
+        if part is None:
+            return
+        self.own.append(part)
+        if len(self.own) > MAX_REMOTE_PARTS:
+            merged = self.ns.new_part_id()
+            with self.ns.open_parts(self.own, pin=False) as view:
+                write_merged(view, self.ns.part_dir(merged), trust=self.ns.trust)
+            self.own[:] = [merged]
+        self.publish(seen)
 
     def upload(self, part: str) -> PartRef:
         return self.rns.upload_part(self.ns.part_dir(part), part, self.scratch)
@@ -203,7 +304,7 @@ class _Node:
         and remember which remote generation it mirrors."""
         ns = self.ns
         local = ns.current()
-        ids = [p.id for p in seen.parts]
+        ids = [p.id for p in seen.parts] + self.own
         if local is None or list(local.parts) != ids:
             entries, shape = 0, None
             if ids:
@@ -216,7 +317,8 @@ class _Node:
                                         "held the build lock; locks do not work here")
         tmp = ns.root / f".{_STATE}.tmp"
         write_json_durable(tmp, {"url": self.url, "generation": seen.generation,
-                                 "parts": [p.doc() for p in seen.parts]}, trust=ns.trust)
+                                 "parts": [p.doc() for p in seen.parts], "own": self.own},
+                           trust=ns.trust)
         os.replace(tmp, ns.root / _STATE)
         return seen
 
@@ -229,9 +331,11 @@ class _Node:
                 return None
             parts = tuple(PartRef(str(p["id"]), int(p["size"]), str(p["xxh3"]))
                           for p in doc["parts"])
+            own = [str(p) for p in doc.get("own", [])]
             local = self.ns.current()
-            if [p.id for p in parts] != (list(local.parts) if local is not None else []):
+            if [p.id for p in parts] + own != (list(local.parts) if local is not None else []):
                 return None
+            self.own[:] = own
             return _Seen(int(doc["generation"]), parts)
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -48,6 +48,7 @@ from ..fs import (
     parse_json_fd,
     temp_path,
     write_json_durable,
+    write_replace,
 )
 from ..reader import CacheStore, MadeBy, SegmentSource, assemble
 from .fingerprint import NAMESPACE_KIND, canonical_json
@@ -169,6 +170,31 @@ class Namespace:
         except FileNotFoundError:
             raise StoreNotFoundError(f"{path} does not exist") from None
         return parse_json_fd(fd, path, max_bytes=max_bytes)
+
+    def read_file(self, name: str, max_bytes: int) -> bytes | None:
+        """The bytes of the file ``name`` of the namespace directory (checked against the
+        trust), None if there is none.
+
+        Raises
+        ------
+        CorruptStoreError
+            If it is larger than ``max_bytes`` or not a regular file.
+        """
+        path = self.root / name
+        try:
+            fd = open_file(name, self.trust, dir_fd=self._dir(), shown=path)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise CorruptStoreError(f"{path} is larger than {max_bytes} bytes", str(path))
+        return data
+
+    def replace_file(self, name: str, data: bytes) -> None:
+        """Replace the file ``name`` of the namespace directory with ``data`` (atomically,
+        with the cache's modes)."""
+        write_replace(self.root / name, [memoryview(data)], trust=self.trust)
 
     # -- creation and identity ------------------------------------------------
 

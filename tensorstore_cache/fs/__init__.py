@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .ranges import RangeHolds, try_lock_range, unlock_range
     from .renames import exchange_dirs
     from .sizes import age_text, disk_usage
-    from .sources import hash_many, identify, stat_many
+    from .sources import RACY_NS, hash_many, identify, stat_many
     from .temp import (
         TempName,
         collect_temps,
@@ -91,7 +91,7 @@ _MODULES = {
     ),
     "ranges": ("RangeHolds", "try_lock_range", "unlock_range"),
     "renames": ("exchange_dirs",),
-    "sources": ("hash_many", "identify", "stat_many"),
+    "sources": ("RACY_NS", "hash_many", "identify", "stat_many"),
     "sizes": ("age_text", "disk_usage"),
     "temp": (
         "TempName", "collect_temps", "delete_tree", "discard_tree", "parse_temp", "remove_temps", "remove_tree",
@@ -106,6 +106,7 @@ __all__ = [
     "EXPLICIT",
     "ExclusiveLock",
     "Holder",
+    "RACY_NS",
     "RangeHolds",
     "SharedHold",
     "TempName",

@@ -24,16 +24,18 @@ comparison is vectorised.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from ..config import Identity, IdentityKind, SourceCheck, check_mode
-from ..fs import hash_many, stat_many
+from ..fs import RACY_NS, hash_many, stat_many
 
-__all__ = ["SourceIdentity", "resolve_identity", "stale_mask", "token_map"]
+__all__ = ["SeenSources", "SourceIdentity", "resolve_identity", "stale_mask", "token_map"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +61,29 @@ class SourceIdentity:
             recorded=None if self.recorded is None else self.recorded[sel],
         )
 
+class SeenSources(Protocol):
+    """What this machine found by reading sources: the stat of a source whose bytes had a
+    given content hash (its own copy of a source recorded with another stat elsewhere)."""
+
+    def lookup(
+        self, keys: Sequence[str]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+        """``(size, mtime_ns, content hash)`` seen of every key (``-1, -1, 0``: none)."""
+
+    def learn(
+        self, keys: Sequence[str], size: npt.NDArray[np.int64], mtime_ns: npt.NDArray[np.int64],
+        content_hash: npt.NDArray[np.uint64],
+    ) -> None:
+        """Remember that these keys had these bytes at this stat."""
+
+
 def stale_mask(
     keys: Sequence[str],
     recorded: SourceIdentity,
     *,
     check: SourceCheck = "stat",
     tokens: npt.NDArray[np.uint64] | None = None,
+    seen: SeenSources | None = None,
 ) -> npt.NDArray[np.bool_]:
     """Return which of ``keys`` are stale: their source differs from what was recorded.
 
@@ -80,6 +99,14 @@ def stale_mask(
     Rows recorded under another kind than the one checked are stale (once:
     they are recorded anew when recomputed).
 
+    With ``seen`` (the sources are copies, each machine's with its own
+    mtimes), a ``"stat"`` row whose stat differs but which has a recorded
+    content hash is current when its bytes hash the same: ``seen`` is asked
+    first (a stat it saw with that hash costs no read), else the source is
+    read once, and a match is remembered in ``seen`` unless the source was
+    modified too recently for its stat to tell a later change
+    (:data:`~tensorstore_cache.fs.RACY_NS`).
+
     Parameters
     ----------
     keys
@@ -91,6 +118,9 @@ def stale_mask(
         ``"stat"``, ``"content"``, ``"token"`` or ``"none"``.
     tokens
         With ``"token"``: every key's current version token.
+    seen
+        This machine's stats of sources found by content (None: a differing
+        stat is stale).
     """
     n = len(keys)
     if check == "none":
@@ -111,6 +141,7 @@ def stale_mask(
     if len(todo) == 0:
         return stale
     subset = [keys[i] for i in todo.tolist()] if len(todo) != n else list(keys)
+    stat_time = time.time_ns()
     size, mtime = stat_many(subset)
     got = (size != recorded.size[todo]) | (mtime != recorded.mtime_ns[todo])
     got |= recorded.size[todo] < 0  # recorded as no file (before identity="none" existed)
@@ -119,14 +150,47 @@ def stale_mask(
         sub_hashes = hashes[todo]
         has_hash = sub_hashes != 0
         by_content = check == "content"
+        copied = np.flatnonzero(got & has_hash & (size >= 0)) if seen is not None else None
         known = np.flatnonzero(has_hash if by_content else has_hash & ~got)
         if len(known):
             current = hash_many([subset[i] for i in known.tolist()])
             got[known] = current != sub_hashes[known]
             if by_content:
                 got[known] |= recorded.size[todo][known] < 0
+        if copied is not None and len(copied) and not by_content:
+            assert seen is not None
+            found = _same_bytes(subset, copied, size, mtime, sub_hashes, seen,
+                                stat_time - RACY_NS)
+            got[copied[found]] = False
     stale[todo] = got
     return stale
+
+
+def _same_bytes(
+    keys: Sequence[str],
+    rows: npt.NDArray[np.intp],
+    size: npt.NDArray[np.int64],
+    mtime: npt.NDArray[np.int64],
+    hashes: npt.NDArray[np.uint64],
+    seen: SeenSources,
+    settled_ns: int,
+) -> npt.NDArray[np.bool_]:
+    """Which ``rows`` (whose stat differs from the recorded one) hold the recorded bytes:
+    by what ``seen`` saw at the same stat, else by reading them; remember those read and
+    found the same, unless modified after ``settled_ns``."""
+    names = [keys[i] for i in rows.tolist()]
+    s, m, h = seen.lookup(names)
+    same: npt.NDArray[np.bool_] = (s == size[rows]) & (m == mtime[rows]) & (h == hashes[rows])
+    unread = np.flatnonzero(~same)
+    if len(unread):
+        current = hash_many([names[i] for i in unread.tolist()])
+        match = current == hashes[rows[unread]]
+        same[unread] = match
+        learn = unread[match & (mtime[rows[unread]] < settled_ns)]
+        if len(learn):
+            seen.learn([names[i] for i in learn.tolist()], size[rows[learn]],
+                       mtime[rows[learn]], hashes[rows[learn]])
+    return same
 
 
 def token_map(keys: list[str], fn: Callable[[list[str]], npt.ArrayLike]) -> dict[str, int]:

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..config import SourceCheck
-from .sources import stale_mask
+from .sources import SeenSources, stale_mask
 from .view import StoreView
 
 __all__ = ["stale_keys"]
@@ -22,6 +22,7 @@ def stale_keys(
     *,
     kind: SourceCheck | None,
     tokens: Callable[[list[str]], Mapping[str, int]] | None = None,
+    seen: SeenSources | None = None,
 ) -> list[str]:
     """Return the keys of ``keys`` held by ``view`` whose source changed, in order.
 
@@ -41,6 +42,10 @@ def stale_keys(
     tokens
         With ``"token"``: gives the current version token of the keys it is
         called with (those held).
+    seen
+        With ``"stat"``: this machine's stats of sources found by content, for
+        sources copied to each machine (see
+        :func:`~tensorstore_cache.reader.sources.stale_mask`).
 
     Raises
     ------
@@ -71,5 +76,6 @@ def stale_keys(
         assert tokens is not None
         by_key = tokens(found)
         current = np.array([by_key[k] for k in found], np.uint64)
-    mask = stale_mask(found, recorded, check="stat" if kind is None else kind, tokens=current)
+    mask = stale_mask(found, recorded, check="stat" if kind is None else kind, tokens=current,
+                      seen=seen)
     return [found[i] for i in np.flatnonzero(mask).tolist()]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .lease import Lease, LeaseTimes, acquire, monotonic, stage
     from .manifests import PartRef, RemoteManifest, RemoteNamespace, check_conditional
     from .node_cache import NodeCache, Removed, collect, requested_cap
-    from .objects import DirectoryObjects, Objects, S3Objects, objects_at
+    from .objects import DirectoryObjects, Objects, S3Objects, WriteDeniedError, objects_at
     from .upload import (
         check_target,
         discard_files,
@@ -42,7 +42,7 @@ _MODULES = {
     "copy": ("RemoteStore",),
     "lease": ("Lease", "LeaseTimes", "acquire", "monotonic", "stage"),
     "manifests": ("PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional"),
-    "objects": ("DirectoryObjects", "Objects", "S3Objects", "objects_at"),
+    "objects": ("DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "objects_at"),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
     "urls": ("file_url_path", "is_url", "remote_cache_root", "url_dir"),
@@ -60,6 +60,7 @@ __all__ = [
     "RemoteStore",
     "Removed",
     "S3Objects",
+    "WriteDeniedError",
     "acquire",
     "check_conditional",
     "check_target",

@@ -219,11 +219,12 @@ def _digest(path: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def check_conditional(objects: Objects, verdicts: Path) -> None:
+def check_conditional(objects: Objects, verdicts: Path, *, probe: bool = True) -> None:
     """Refuse a remote that ignores create-only writes; the verdict is kept in ``verdicts``.
 
     The probe creates one object twice: the second create must fail. A
     verdict found in ``verdicts`` (a file of the node cache) costs no request.
+    With ``probe=False`` only such a verdict is checked (no request either way).
 
     Raises
     ------
@@ -231,6 +232,8 @@ def check_conditional(objects: Objects, verdicts: Path) -> None:
         If the remote let the second create replace the first (now or before).
     """
     verdict = _read_verdict(verdicts, objects.url)
+    if verdict is None and not probe:
+        return
     if verdict is None:
         rel = f".tsc-probe/{new_token()}.json"
         first = objects.create(rel, {"probe": 1}, new_token())

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from ..errors import UnsafeRemoteError
 from .urls import file_url_path, filesystem, is_url
 
-__all__ = ["DirectoryObjects", "Objects", "S3Objects", "new_token", "objects_at"]
+__all__ = ["DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "new_token", "objects_at"]
 
 _T = TypeVar("_T")
 
@@ -51,6 +51,25 @@ ATTEMPTS = 8
 MAX_PAUSE = 4.0
 #: Largest object read as JSON (manifests, leases, hints).
 MAX_JSON = 64 << 20
+
+
+class WriteDeniedError(PermissionError):
+    """The remote refused a write (403 ``AccessDenied``, or a read-only directory): the
+    credentials may read but not write."""
+
+
+def _writing(rel: str, where: str, call: Callable[[], _T]) -> _T:
+    """Run a write; a refusal of the credentials becomes :class:`WriteDeniedError` naming ``where``."""
+    try:
+        return call()
+    except WriteDeniedError:
+        raise
+    except PermissionError as exc:
+        raise WriteDeniedError(errno.EACCES, f"{where!r}: writing {rel!r} was refused ({exc})") from None
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            raise WriteDeniedError(errno.EROFS, f"{where!r} is read-only ({exc.strerror})") from None
+        raise
 
 
 def new_token() -> str:
@@ -90,6 +109,9 @@ class Objects:
         A raw "exists" (or an error that may hide a success) is checked by
         reading the object back: it is ours exactly when it holds our token.
         """
+        return _writing(rel, self.url, lambda: self._create_json(rel, body, token))
+
+    def _create_json(self, rel: str, body: Mapping[str, Any], token: str) -> bool:
         data = json.dumps({**body, "writer": token}, sort_keys=True).encode()
         for attempt in range(ATTEMPTS):
             try:
@@ -108,7 +130,7 @@ class Objects:
     def create_raw(self, rel: str, data: bytes) -> bool:
         """The store's own answer to a create of ``rel`` (no read-back): True if it says
         created."""
-        return _retrying(lambda: self._create(rel, data))
+        return _writing(rel, self.url, lambda: _retrying(lambda: self._create(rel, data)))
 
     def read(self, rel: str) -> bytes | None:
         """The object's bytes, None if there is no such object."""
@@ -137,11 +159,11 @@ class Objects:
     def write(self, rel: str, body: Mapping[str, Any]) -> None:
         """Write ``rel`` (replacing it) as JSON; only for objects one writer owns or hints."""
         data = json.dumps(dict(body), sort_keys=True).encode()
-        _retrying(lambda: self._write(rel, data))
+        _writing(rel, self.url, lambda: _retrying(lambda: self._write(rel, data)))
 
     def put_file(self, local: Path, rel: str) -> None:
         """Upload the local file as ``rel`` (whole, atomic: readers see all of it or nothing)."""
-        _retrying(lambda: self._put_file(local, rel))
+        _writing(rel, self.url, lambda: _retrying(lambda: self._put_file(local, rel)))
 
     def get_file(self, rel: str, local: Path) -> None:
         """Download ``rel`` into the local file ``local``.

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,45 @@ def vector(key: str) -> np.ndarray:
 
 def _value(key: str) -> np.ndarray:
     return np.random.default_rng(xxhash.xxh64_intdigest(key.encode())).random(DIM, dtype=np.float32)
+
+
+def file_vector(key: str) -> np.ndarray:
+    """The vector of the file ``key``: made from its bytes; logged as ``<node> <key>``."""
+    log = os.environ.get("CLUSTER_LOG")
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{os.environ.get('CLUSTER_NODE', '?')} {key}\n".encode())
+        finally:
+            os.close(fd)
+    return _bytes_value(Path(key).read_bytes())
+
+
+def _bytes_value(data: bytes) -> np.ndarray:
+    return np.random.default_rng(xxhash.xxh64_intdigest(data)).random(DIM, dtype=np.float32)
+
+
+def _count_content_reads() -> list[int]:
+    """Count the source files read whole to compare their content hash (in this process)."""
+    from tensorstore_cache.fs import sources
+
+    reads = [0]
+    original = sources.hash_file
+
+    def counted(key: str) -> int:
+        reads[0] += 1
+        return original(key)
+
+    sources.hash_file = counted
+    return reads
+
+
+def computed_by(log: Path) -> Counter[tuple[str, str]]:
+    """How many times each ``(node, key)`` was computed by :func:`file_vector`."""
+    if not log.exists():
+        return Counter()
+    pairs = (line.split(" ", 1) for line in log.read_text().splitlines() if line)
+    return Counter((node, key) for node, key in pairs)
 
 
 def computed(log: Path) -> Counter[str]:
@@ -75,16 +115,28 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     Path(spec["ready"]).touch()
     while start is not None and not start.exists():
         time.sleep(0.01)
-    store = tsc.cached(
-        keys, cache_dir=spec["cache_dir"], remote=spec["remote"],
-        storage_options=spec.get("storage_options"), loader=vector, loader_id="cluster.vec/1",
-        identity="none", workers=1, progress=False, on_error=spec.get("on_error", "raise"),
-        lock_timeout=spec.get("lock_timeout"),
-    )
+    files = spec.get("loader") == "file"
+    if spec.get("cwd"):
+        os.chdir(spec["cwd"])
+    reads = _count_content_reads()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store = _cached(tsc, spec, keys, files)
     got = store.take(store.rows(keys))
-    want = np.stack([_value(k) for k in keys])
+    want = np.stack([_bytes_value(Path(k).read_bytes()) if files else _value(k) for k in keys])
     wrong = int(np.sum(np.any(got != want, axis=1)))
-    return {"ok": True, "wrong": wrong, "n": len(store)}
+    return {"ok": True, "wrong": wrong, "n": len(store), "content_reads": reads[0],
+            "warnings": [str(w.message) for w in caught], "location": store.location}
+
+
+def _cached(tsc: Any, spec: dict[str, Any], keys: list[str], files: bool) -> Any:
+    return tsc.cached(
+        keys, cache_dir=spec["cache_dir"], remote=spec["remote"],
+        storage_options=spec.get("storage_options"), loader=file_vector if files else vector,
+        loader_id="cluster.file/1" if files else "cluster.vec/1",
+        identity=spec.get("identity", "stat" if files else "none"), workers=1, progress=False,
+        on_error=spec.get("on_error", "raise"), lock_timeout=spec.get("lock_timeout"),
+    )
 
 
 @dataclass

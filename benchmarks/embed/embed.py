@@ -164,7 +164,7 @@ def phase(job: dict[str, Any]) -> dict[str, Any]:
         return out
     if name == "limit" and kind == "forward":
         if job.get("device_worker"):  # set up as a device worker is, before torch loads
-            from tensorstore_cache.writer.devices import keep_freed_memory
+            from tensorstore_cache.writer.device import keep_freed_memory
 
             out["mmap_threshold"] = keep_freed_memory()
         from benchmarks.embed.embed_model import _threads, forward, make_model
@@ -328,9 +328,9 @@ def markdown(report: dict[str, Any]) -> str:
 def _limit_round(base: dict[str, Any], direct: Path, workdir: Path, timeout_s: float,
                  of: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """One round of the limit's phases, and of the forward pass as a device worker runs it
-    (its environment and allocator, :mod:`tensorstore_cache.writer.devices`): the limit, and
+    (its environment and allocator, :mod:`tensorstore_cache.writer.device`): the limit, and
     the limit with that forward pass."""
-    from tensorstore_cache.writer.batched import device_environment
+    from tensorstore_cache.writer.device import device_environment
 
     log(f"the limit: prepare alone{of}")
     prep = run_phase({**base, "method": "limit", "phase": "prepare"}, timeout_s)

@@ -48,7 +48,7 @@ from tensorstore_cache.format.shard import write_shard
 from tensorstore_cache.format.spec import StoreSpec
 from tensorstore_cache.fs.durable import write_json_durable
 from tensorstore_cache.writer.assemble import write_index
-from tensorstore_cache.writer.builder import rows_per_shard
+from tensorstore_cache.writer.layout import rows_per_shard
 
 from ..common.make_images import generate
 

@@ -244,11 +244,8 @@ def seal(tmp: Path, meta: GroupMetadata, target: str, trust: Trust = EXPLICIT) -
 def publish(
     tmp: Path, target: Path, meta: GroupMetadata, *, overwrite: bool, trust: Trust = EXPLICIT
 ) -> None:
-    """Write the group metadata last, then publish ``tmp`` as ``target`` with one rename.
-
-    ``trust`` gives the group metadata its mode, and the finished store is
-    read back under it (a cache's part must pass the checks of its readers;
-    a store at a path the user names is not warned about here).
+    """Write the group metadata last (:func:`seal`, under ``trust``), then publish ``tmp``
+    as ``target`` with one rename.
 
     Raises
     ------

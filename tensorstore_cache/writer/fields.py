@@ -2,18 +2,17 @@
 
 The shard tasks of a store of records cover the same rows of every fixed
 field: task ``k`` writes shard ``k`` of each, so every field has the same
-``rows_per_shard``, chosen so that each field's shards are whole pages when
-there are enough rows. A ragged field's chunks cannot be cut before every
-row's length is known, so each task leaves its rows' values as a run
-(``runs/<field>/<k>``); once every task is done, the builder streams the runs,
-in row order, into the field's chunk files (:class:`~.ragged.RaggedWriter`).
+``rows_per_shard`` (:func:`~.layout.rows_per_shard`, chosen so that each
+field's shards are whole pages when there are enough rows). A ragged field's
+chunks cannot be cut before every row's length is known, so each task leaves
+its rows' values as a run (``runs/<field>/<k>``); once every task is done, the
+builder streams the runs, in row order, into the field's chunk files
+(:class:`~.ragged.RaggedWriter`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import mmap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,39 +24,12 @@ import numpy.typing as npt
 from ..format import FIELDS, RECORDS_VERSION, FieldLayout, Fixed, StoreSpec
 from ..fs import Trust, discard_tree, fsync_dir, io_step, make_dir
 from .assemble import Files, rewrite_rows
+from .layout import rows_per_shard
 from .ragged import RaggedWriter
 from .records import Schema
 from .tasks import RUNS, ShardResult, run_path
 
-__all__ = ["assemble_fields", "drop_rows", "prepare_fields", "record_rows_per_shard", "record_spec"]
-
-
-def record_rows_per_shard(
-    n: int, fixed_nbytes: Sequence[int], workers: int, shard_bytes: int, batch: int = 1
-) -> int:
-    """Rows per shard of every fixed field of a store of records (and rows per shard task).
-
-    About ``shard_bytes`` of the largest field per shard (fewer for small
-    builds, so that each worker gets about 8 shards, never fewer than 64
-    rows, nor than one ``batch`` of a batch loader), rounded down to the rows
-    that make every field's shard whole pages when there are that many (and
-    whole batches too, when there are that many).
-
-    Examples
-    --------
-    >>> record_rows_per_shard(20_000, [3072, 4], 2, 32 << 20)  # covers and a rating
-    1024
-    """
-    largest = max([*fixed_nbytes, 1])
-    cap = max(1, shard_bytes // largest)
-    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), min(n, 64), min(n, batch))))
-    unit = 1
-    for nbytes in fixed_nbytes:
-        unit = math.lcm(unit, mmap.PAGESIZE // math.gcd(max(nbytes, 1), mmap.PAGESIZE))
-    whole = math.lcm(unit, batch)
-    if batch > 1 and rows >= whole:
-        return rows // whole * whole
-    return rows // unit * unit if rows >= unit else rows
+__all__ = ["assemble_fields", "drop_rows", "prepare_fields", "record_spec"]
 
 
 def record_spec(
@@ -66,7 +38,7 @@ def record_spec(
 ) -> StoreSpec:
     """The spec of a store of ``n`` records before its build (ragged fields not laid out yet)."""
     fixed = [f for _name, f in schema if isinstance(f, Fixed)]
-    s = record_rows_per_shard(n, [f.nbytes for f in fixed], workers, shard_bytes, batch)
+    s = rows_per_shard(n, [f.nbytes for f in fixed], workers, shard_bytes, batch)
     layouts = tuple(
         FieldLayout(name, f, n, rows_per_shard=s, path=f"{FIELDS}/{name}")
         for name, f in schema

@@ -21,8 +21,9 @@ from ..format import FIELDS, VECTORS, Fixed, StoreSpec, write_hashes
 from ..fs import Trust, make_dir, remove_tree
 from ..reader import CacheStore, view_of
 from .assemble import finish_store, publish, rewrite_rows
-from .builder import default_workers, rows_per_shard, temp_dir
+from .builder import default_workers, temp_dir
 from .fields import record_spec
+from .layout import rows_per_shard
 from .ragged import RaggedWriter
 
 __all__ = ["write_merged"]

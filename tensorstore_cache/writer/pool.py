@@ -26,7 +26,6 @@ interrupted.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import os
@@ -34,7 +33,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import BrokenExecutor, Future
 from pathlib import Path
 from typing import Any
@@ -108,17 +107,16 @@ def _exit_with_parent(builder: int) -> None:
     threading.Thread(target=watch, name="tsc-exit-with-parent", daemon=True).start()
 
 
-def _bootstrap(payload: bytes, status_dir: str, builder: int, device_worker: bool = False) -> None:
-    """The pool's initializer: run once in every worker before its first task (``device_worker``:
-    a device worker's, which keeps the memory it frees for its next batch and exits without
-    the teardown once it served its build)."""
+def _bootstrap(
+    payload: bytes, status_dir: str, builder: int, setup: Callable[[], None] | None = None
+) -> None:
+    """The pool's initializer: run once in every worker before its first task (``setup``
+    first of all, before the loader is unpickled: the exit handlers it registers run after
+    the loader's)."""
     global _loader, _start_error, _status_fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if device_worker:  # before the loader is unpickled: the handlers it registers run first
-        from .devices import exit_quickly, keep_freed_memory
-
-        atexit.register(exit_quickly)
-        keep_freed_memory()
+    if setup is not None:
+        setup()
     _exit_with_parent(builder)
     with contextlib.suppress(OSError):
         _status_fd = os.open(
@@ -140,14 +138,13 @@ def _status(rel: str) -> None:
         os.pwrite(_status_fd, data, 0)
 
 
-def _serve_pooled(device: str, address: str, authkey: bytes) -> None:
-    """Serve the batches of the build's batch loader on ``device`` until the builder says stop."""
+def _call_pooled(fn: Callable[..., None], status: str, *args: Any) -> None:
+    """Call ``fn(loader, *args)`` with the loader this worker received when it started,
+    saying ``status`` meanwhile."""
     if _start_error is not None:
         raise WorkerStartError(_start_error)
-    from .devices import serve
-
-    _status(f"device {device}")
-    serve(_loader, device, address, authkey)
+    _status(status)
+    fn(_loader, *args)
     _status("")
 
 
@@ -240,15 +237,16 @@ class BuildPool:
     start
         Start the workers now, rather than at the first task (their interpreters
         start while this process goes on).
-    devices
-        The workers are device workers (:meth:`serve`): once one has served its
-        build, it exits without the interpreter's teardown
-        (:func:`~.devices.exit_quickly`).
+    setup
+        A function (importable by name) each worker calls first when it starts,
+        before it unpickles the loader: a device worker's set-up
+        (:func:`~.device.server.device_worker_setup`).
     """
 
     def __init__(
         self, size: int, loader: object, build_dir: Path, *, status_dir: Path | None = None,
-        env: Mapping[str, str] | None = None, start: bool = False, devices: bool = False,
+        env: Mapping[str, str] | None = None, start: bool = False,
+        setup: Callable[[], None] | None = None,
     ) -> None:
         from loky import ProcessPoolExecutor
 
@@ -260,7 +258,7 @@ class BuildPool:
         self._context = _started_processes_context()
         self._executor = ProcessPoolExecutor(
             max_workers=size, context=self._context, initializer=_bootstrap,
-            initargs=(payload, str(status_dir), os.getpid(), devices),
+            initargs=(payload, str(status_dir), os.getpid(), setup),
             env={**(env or {}), **worker_environment()},
         )
         if start:  # the first task starts every worker (a worker that cannot load the
@@ -273,10 +271,11 @@ class BuildPool:
         )
         return future
 
-    def serve(self, device: str, address: str, authkey: bytes) -> Future[None]:
-        """Have one worker serve the loader's batches on ``device`` at ``address`` (a device
-        worker: it takes no other task until the builder tells it to stop)."""
-        future: Future[None] = self._executor.submit(_serve_pooled, device, address, authkey)
+    def call(self, fn: Callable[..., None], *args: Any, status: str) -> Future[None]:
+        """Have one worker call ``fn(loader, *args)`` (importable by name) with its loader,
+        its status file saying ``status`` meanwhile (a device worker serving its device:
+        it takes no other task until ``fn`` returns)."""
+        future: Future[None] = self._executor.submit(_call_pooled, fn, status, *args)
         return future
 
     def stop(self) -> None:

@@ -14,6 +14,7 @@ run, however large the ragged values).
 
 from __future__ import annotations
 
+import abc
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,20 +30,22 @@ from ..fs import EXPLICIT, Trust, identify, write_replace
 from ..loaders import Loader
 from ..remote import upload_file
 from .assemble import write_shard_file
-from .batches import Failure, Row, compute_rows
-from .devices import DeviceStage
 from .frames import loader_frames
 from .ragged import ragged_values
 from .records import Schema, check_record
 
 __all__ = [
-    "RUNS",
+    "BatchStage",
+    "Computed",
+    "Failure",
     "NotAFileError",
+    "RUNS",
+    "Row",
     "ShardResult",
     "ShardTask",
+    "SourceStat",
     "check_item",
     "compute",
-    "load_item",
     "run_path",
     "run_shard",
     "source_identity",
@@ -50,6 +53,42 @@ __all__ = [
 
 #: Directory of a build where shard tasks leave the values of ragged fields.
 RUNS = "runs"
+
+#: What is recorded about a source, taken before it is read: ``(size, mtime_ns, content
+#: hash)`` (-1, -1 without a stat; the version token in place of the mtime; hash 0: none).
+SourceStat = tuple[int, int, int]
+
+#: A row of a shard task: its value (checked) or its :class:`Failure`.
+Row = Any
+
+#: Items computed before their shard task runs, by row: each one's row and its source's
+#: :data:`SourceStat`.
+Computed = dict[int, tuple[Row, SourceStat]]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A key the build could not compute: why (``"Type: message"``) and the loader's frames."""
+
+    reason: str
+    frames: str
+
+
+class BatchStage(abc.ABC):
+    """What the shard tasks of a build by a batch loader run instead of a loader of one key:
+    the stage of :mod:`.device`, which computes a shard's rows together (the tasks know it by
+    this class only)."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def rows(
+        self, keys: list[str], k: int, check: Callable[[str, Any], Any],
+        names: tuple[str, ...] | None,
+    ) -> list[Row]:
+        """The rows of ``keys`` of shard task ``k``, in key order: each its value, checked
+        by ``check(key, value)``, or a :class:`Failure`; ``names`` orders the fields of a
+        loader's tuples."""
 
 
 
@@ -69,12 +108,6 @@ def check_item(value: Any, dtype: np.dtype[Any], shape: tuple[int, ...] | None) 
         value = value.astype(dtype)
     checked: npt.NDArray[Any] = value
     return checked
-
-
-def load_item(loader: Loader, key: str, dtype: np.dtype[Any], shape: tuple[int, ...] | None) -> npt.NDArray[Any]:
-    """Call ``loader`` on ``key`` and check the result's shape and dtype."""
-    value: npt.NDArray[Any] = check_item(loader(key), dtype, shape)
-    return value
 
 
 @dataclass(slots=True, kw_only=True)
@@ -106,14 +139,12 @@ class ShardTask:
     root: str
     rel: str
     keys: list[str]
-    loader: Loader | DeviceStage | None
+    loader: Loader | BatchStage | None
     dtype: str
     item_shape: tuple[int, ...]
     rows_per_shard: int
     write_on_failure: bool
-    computed: dict[int, tuple[Any, tuple[int, int, int]]] = field(
-        default_factory=dict
-    )
+    computed: Computed = field(default_factory=dict)
     identity: SourceCheck = "stat"
     tokens: list[int] | None = None
     schema: Schema | None = None
@@ -152,11 +183,11 @@ class ShardResult:
     (``runs/<field>/<k>``), checked when the builder downloads it."""
 
 
-def run_shard(task: ShardTask, loader: Loader | DeviceStage | None = None) -> ShardResult:
+def run_shard(task: ShardTask, loader: Loader | BatchStage | None = None) -> ShardResult:
     """Decode every key of one shard and write the shard file (in a worker).
 
     ``loader`` is used instead of ``task.loader`` when given: a loader of
-    one key, or the :class:`~.devices.DeviceStage` of a batched build.
+    one key, or the :class:`BatchStage` of a batched build.
     """
     fn = loader if loader is not None else task.loader
     if fn is None:
@@ -188,7 +219,7 @@ def run_shard(task: ShardTask, loader: Loader | DeviceStage | None = None) -> Sh
 
 def compute(
     task: ShardTask,
-    fn: Loader | DeviceStage,
+    fn: Loader | BatchStage,
     check: Callable[[str, Any], Any],
     keep: Callable[[int, Any], None],
     result: ShardResult,
@@ -201,21 +232,20 @@ def compute(
     computed already go to a device worker in batches.
     """
     batched: dict[int, Row] = {}
-    if isinstance(fn, DeviceStage):
+    if isinstance(fn, BatchStage):
         identities = [task.computed[i][1] if i in task.computed else
-                      source_identity(task, i, key) for i, key in enumerate(task.keys)]
+                      _identity(task, i, key) for i, key in enumerate(task.keys)]
         todo = [i for i in range(len(task.keys)) if i not in task.computed]
-        rows = compute_rows(fn, [task.keys[i] for i in todo], fn.device_of(task.k), check,
-                            task.names)
+        rows = fn.rows([task.keys[i] for i in todo], task.k, check, task.names)
         batched = dict(zip(todo, rows, strict=True))
     for i, key in enumerate(task.keys):
         done = task.computed.get(i)
         if done is not None:
             identity = done[1]
-        elif isinstance(fn, DeviceStage):
+        elif isinstance(fn, BatchStage):
             identity = identities[i]
         else:
-            identity = source_identity(task, i, key)
+            identity = _identity(task, i, key)
         size, mtime, digest = identity
         result.source_size.append(size)
         result.source_mtime_ns.append(mtime)
@@ -223,7 +253,7 @@ def compute(
         try:
             if done is not None:
                 row = done[0]
-            elif isinstance(fn, DeviceStage):
+            elif isinstance(fn, BatchStage):
                 row = batched[i]
             else:
                 row = check(key, fn(key))
@@ -249,15 +279,21 @@ class NotAFileError(ValueError):
         )
 
 
-def source_identity(task: ShardTask, i: int, key: str) -> tuple[int, int, int]:
-    """``(size, mtime_ns, content hash)`` recorded for row ``i`` of ``task``, taken before the
-    source is read (a source rewritten while it is loaded is stale next time)."""
-    if task.identity == "none":
+def source_identity(key: str, check: SourceCheck, token: int | None = None) -> SourceStat:
+    """What is recorded about ``key``'s source under ``check`` (its version ``token`` under
+    ``"token"``), taken before the source is read (a source rewritten while it is loaded is
+    stale next time)."""
+    if check == "none":
         return -1, -1, 0
-    if task.identity == "token":
-        assert task.tokens is not None
-        return -1, int(np.uint64(task.tokens[i]).view(np.int64)), 0
-    return identify(key, content=task.identity == "content")
+    if check == "token":
+        assert token is not None
+        return -1, int(np.uint64(token).view(np.int64)), 0
+    return identify(key, content=check == "content")
+
+
+def _identity(task: ShardTask, i: int, key: str) -> SourceStat:
+    """The :func:`source_identity` of row ``i`` of ``task``."""
+    return source_identity(key, task.identity, None if task.tokens is None else task.tokens[i])
 
 
 def run_path(root: Path, name: str, k: int) -> Path:
@@ -265,7 +301,7 @@ def run_path(root: Path, name: str, k: int) -> Path:
     return root / RUNS / name / str(k)
 
 
-def _run_records(task: ShardTask, fn: Loader | DeviceStage, schema: Schema) -> ShardResult:
+def _run_records(task: ShardTask, fn: Loader | BatchStage, schema: Schema) -> ShardResult:
     """Load and check every record of one shard; write its fixed shards and ragged runs."""
     result = ShardResult(task.rel)
     m = len(task.keys)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from tensorstore_cache.writer.devices import MALLOC_VARIABLES, keep_freed_memory
+from tensorstore_cache.writer.device.environment import MALLOC_VARIABLES, keep_freed_memory
 
 from ..conftest import write_images
 from ..support._batch_loaders import (
@@ -241,14 +241,15 @@ def test_a_result_that_cannot_be_sent_back_is_an_error_not_a_hang(tmp_path: Path
 
 
 def test_results_without_one_row_per_item_name_the_batch() -> None:
-    from tensorstore_cache.writer.batches import _rows
+    from tensorstore_cache.writer.device.results import batch_rows
 
     ragged = [np.zeros(2, np.float32), np.zeros(3, np.float32)]
     with pytest.raises(tsc.BuildError, match=r"rows of different shapes.*'k0'"):
-        _rows(ragged, 2, "k0", None)
+        batch_rows(ragged, 2, "k0", None)
     with pytest.raises(tsc.BuildError, match=r"leading dimension 3.*'k0'"):
-        _rows(np.zeros((3, 4)), 2, "k0", None)
-    assert [r.tolist() for r in _rows({"ids": ragged}, 2, "k0", None)[1].values()] == [[0, 0, 0]]
+        batch_rows(np.zeros((3, 4)), 2, "k0", None)
+    second = batch_rows({"ids": ragged}, 2, "k0", None)[1]
+    assert [r.tolist() for r in second.values()] == [[0, 0, 0]]
 
 
 class _Double(tsc.BatchLoader):
@@ -264,7 +265,7 @@ def test_a_client_that_stalls_in_the_handshake_holds_up_no_other(tmp_path: Path)
     import threading
     from multiprocessing.connection import Client
 
-    from tensorstore_cache.writer.devices import serve
+    from tensorstore_cache.writer.device.server import serve
 
     address, key = str(tmp_path / "device.sock"), os.urandom(32)
     worker = threading.Thread(target=serve, args=(_Double(), "cpu", address, key), daemon=True)
@@ -347,7 +348,7 @@ def test_the_allocator_is_left_alone_when_the_user_set_it_up() -> None:
                 {"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, {"MALLOC_MMAP_THRESHOLD_": "1"}):
         assert keep_freed_memory(env) == 0, env
     # set up in a process of its own (it would change this one's allocator)
-    code = ("from tensorstore_cache.writer.devices import keep_freed_memory as k; "
+    code = ("from tensorstore_cache.writer.device import keep_freed_memory as k; "
             "print(k({}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -14,7 +14,8 @@ from tensorstore_cache.fs import crash, durable
 from tensorstore_cache.loaders import resolve_loader
 from tensorstore_cache.reader.assembly import open_directory
 from tensorstore_cache.writer.assemble import finish_store, publish, rewrite_rows, write_shard_file
-from tensorstore_cache.writer.builder import build, rows_per_shard
+from tensorstore_cache.writer.builder import build
+from tensorstore_cache.writer.layout import rows_per_shard
 from tensorstore_cache.writer.options import BuildOptions
 from tensorstore_cache.writer.tasks import ShardTask
 

@@ -1,0 +1,107 @@
+"""The shard layout of a build: how many rows each shard holds.
+
+One rule for a store of tensors and a store of records alike (whose fixed
+fields share their shard length, one shard task writing shard ``k`` of each):
+about ``shard_bytes`` of the largest row per shard, fewer for small builds so
+that each worker gets about 8 shards, never fewer than :func:`fewest_rows`,
+rounded down to whole pages, and to whole batches of a batch loader, when
+there are that many rows.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from collections.abc import Sequence
+
+from .. import config
+
+__all__ = ["fewest_rows", "rows_per_shard", "shard_rows"]
+
+
+def fewest_rows(n: int, batch: int = 1) -> int:
+    """The fewest rows a shard of a build of ``n`` items is given before it is rounded to
+    whole pages: :data:`~tensorstore_cache.config.MIN_SHARD_ROWS`, or one ``batch`` of a batch
+    loader if larger (all ``n`` rows when there are fewer).
+
+    Parameters
+    ----------
+    n
+        The build's items.
+    batch
+        A batch loader's items per batch (1 for a loader of one key).
+
+    Examples
+    --------
+    >>> fewest_rows(20_000), fewest_rows(20_000, batch=256), fewest_rows(10, batch=256)
+    (64, 256, 10)
+    """
+    return max(min(n, config.MIN_SHARD_ROWS), min(n, batch))
+
+
+def rows_per_shard(
+    n: int, item_nbytes: int | Sequence[int], workers: int,
+    shard_bytes: int = config.SHARD_BYTES, batch: int = 1,
+) -> int:
+    """Return the shard length of a store of ``n`` items built by ``workers`` processes.
+
+    At most ``shard_bytes`` of the largest field's rows (at least one row),
+    fewer for small builds so that each worker gets about 8 shards (never
+    fewer than :func:`fewest_rows`), rounded down to a multiple of
+    ``PAGE / gcd(nbytes, PAGE)`` rows of every field when there are that
+    many, so that every shard's data region is a whole number of pages (the
+    reader lays shards side by side in one mapping only then), and to a
+    multiple of ``batch`` too when there are that many, so that batches are
+    whole.
+
+    Parameters
+    ----------
+    n
+        The build's items.
+    item_nbytes
+        The bytes of one item (a store of tensors), or of one row of each
+        fixed field (a store of records; none: only ragged fields).
+    workers
+        The build's worker processes.
+    shard_bytes
+        The target size of one shard file.
+    batch
+        A batch loader's items per batch (1 for a loader of one key).
+
+    Examples
+    --------
+    >>> rows_per_shard(20_000, 512, 2), rows_per_shard(20_000, 512, 2, batch=256)
+    (1248, 1024)
+    >>> rows_per_shard(20_000, [3072, 4], 2, 32 << 20)  # covers and a rating
+    1024
+    """
+    fixed = [item_nbytes] if isinstance(item_nbytes, int) else list(item_nbytes)
+    cap = max(1, shard_bytes // max([*fixed, 1]))
+    # ~8 shards per worker so that work balances at the end and progress moves, but no
+    # tiny shards
+    rows = max(1, min(cap, max(math.ceil(n / (8 * workers)), fewest_rows(n, batch))))
+    unit = 1
+    for nbytes in fixed:
+        unit = math.lcm(unit, mmap.PAGESIZE // math.gcd(max(nbytes, 1), mmap.PAGESIZE))
+    whole = math.lcm(unit, batch)
+    if batch > 1 and rows >= whole:
+        return rows // whole * whole
+    return rows // unit * unit if rows >= unit else rows
+
+
+def shard_rows(n: int, rows_per_shard: int) -> list[range]:
+    """The rows of each shard of a store of ``n`` rows, in shard order (the last may be short).
+
+    Parameters
+    ----------
+    n
+        The store's rows.
+    rows_per_shard
+        The shard length.
+
+    Examples
+    --------
+    >>> shard_rows(5, 2)
+    [range(0, 2), range(2, 4), range(4, 5)]
+    """
+    return [range(k, min(k + rows_per_shard, n)) for k in range(0, n, rows_per_shard)]

@@ -24,6 +24,7 @@ from tensorstore_cache.remote import (
     S3Objects,
     acquire,
     check_conditional,
+    document,
     monotonic,
 )
 from tests.support._cluster import launch, spec_env
@@ -159,7 +160,8 @@ def test_a_silent_lease_is_taken_over(tmp_path: Path) -> None:
     """A lease whose holder died (no heartbeat) is taken over once it has been unchanged for
     a lease time on the waiter's clock: the waiter holds the next attempt."""
     objs = DirectoryObjects(tmp_path)
-    assert objs.create("ns/leases/g00000000.a0000.json", {"beats": 0, "state": "held"}, "dead")
+    dead = document("lease", {"beats": 0, "state": "held", "host": "gone", "pid": 1})
+    assert objs.create("ns/leases/g00000000.a0000.json", dead, "dead")
     times = LeaseTimes(ttl=0.3, heartbeat=0.05, poll_min=0.01, poll_max=0.05)
     lease = acquire(objs, "ns/leases", 0, lambda: False, times, None)
     assert lease is not None

@@ -169,7 +169,7 @@ class Objects:
         """Upload each local file as its object (each whole and atomic; several at once where
         the store allows)."""
         if files:
-            _retrying(lambda: self._put_files(files))
+            _writing(files[0][1], self.url, lambda: _retrying(lambda: self._put_files(files)))
 
     def _put_files(self, files: list[tuple[Path, str]]) -> None:
         for local, rel in files:

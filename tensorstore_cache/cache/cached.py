@@ -95,7 +95,9 @@ def cached_store(cache_dir: Path, keys: list[str], options: CacheOptions) -> Cac
     info = options.build.loader
     fp = fingerprint(info.loader_id, info.params, options.build.dtype, options.build.schema,
                      options.build.names)
-    ns = Namespace(cache_dir / namespace_name(fp), fp, trust=options.build.trust)
+    remote = options.remote
+    ns = Namespace(cache_dir / namespace_name(fp), fp, trust=options.build.trust,
+                   storage_options=remote.storage_options if remote is not None else None)
     named = options.named
     new = named is not None and before_build(cache_dir, ns.root, named, options.build.trust)
     try:
@@ -339,8 +341,16 @@ def _fill_remote(
                                 len(keys))
         return _build_part(ns, missing + stale, options, item_shape, schema, label, tokens)
 
-    skipped = fill_remote(ns, remote, deadline, todo, build_part)
-    return _open_complete(ns, keys, skipped, options.build.loader.item_shape)
+    for attempt in range(_UNLOCKED_ATTEMPTS):
+        skipped = fill_remote(ns, remote, deadline, todo, build_part)
+        try:
+            return _open_complete(ns, keys, skipped, options.build.loader.item_shape)
+        except StoreNotFoundError:
+            # a part's copy evicted from the node cache (by another process under its cap)
+            # between its fetch and this open: fetch it again
+            if attempt == _UNLOCKED_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _check_complete(store: CacheStore, keys: list[str], skipped: set[str]) -> None:

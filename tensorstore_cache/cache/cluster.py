@@ -1,22 +1,26 @@
 """One namespace for a cluster: a node's namespace kept in step with a remote prefix.
 
 With ``cached(..., remote=URL)`` the node's namespace directory (in
-``cache_dir``) is this node's copy of the namespace of the same name under
+``cache_dir``) is this node's view of the namespace of the same name under
 ``URL`` (see :mod:`tensorstore_cache.remote.manifests`): its manifest always
-lists exactly the parts of a remote generation. Everything here runs in the
-process holding the node's build lock, so the agents of one node meet at
-that lock and only its holder talks to the remote:
+lists exactly the parts of a remote generation, each kept in the node cache
+(:mod:`~tensorstore_cache.cache.mirror`: its metadata and index from its
+bundle, its shards fetched when first read, under the cache's cap and
+eviction). Everything here runs in the process holding the node's build
+lock, so the agents of one node meet at that lock and only its holder talks
+to the remote:
 
 1. find the current remote generation (from the one this node last saw, else
-   the head hint) and fetch the parts this node lacks;
+   the head hint) and fetch the bundles of the parts this node lacks;
 2. nothing left to compute: done; else hold the lease on that generation,
    or wait, polling the next manifest and the lease, until someone commits
    (then go to 1) or the lease goes a lease time without a heartbeat (take over);
-3. the holder builds what is missing into a local part, uploads it as one
-   object, then commits by creating the next manifest; a lost race reads
-   the winner's manifest, fetches its parts and adopts it when it holds our
-   keys, else commits after it. Past :data:`MAX_REMOTE_PARTS` parts the holder
-   merges them into one and commits that too.
+3. the holder builds what is missing into a local part, uploads it (its
+   files, then its bundle) and moves it whole into the node cache, then
+   commits by creating the next manifest; a lost race reads the winner's
+   manifest, fetches its bundles and adopts it when it holds our keys, else
+   commits after it. Past :data:`MAX_REMOTE_PARTS` parts the holder merges
+   them into one and commits that too.
 
 Correctness rests on the create-only manifests alone; the lease only saves work.
 
@@ -25,7 +29,9 @@ bytes, judged by stat and then content hash; see
 :mod:`~tensorstore_cache.cache.seen_sources`) are recomputed into *node
 parts*: listed after the remote generation's parts in the node's manifest
 (so they win), never uploaded, kept across syncs. Past
-:data:`MAX_REMOTE_PARTS` node parts they are merged into one.
+:data:`MAX_REMOTE_PARTS` node parts they are merged into one. A node whose
+credentials may not write (or under ``$TSC_REMOTE_MODE=read``) builds what
+the cluster lacks into node parts too.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptStoreError
-from ..fs import discard_tree, remove_tree, write_json_durable
+from ..format import hashes_path
+from ..fs import discard_tree, write_json_durable, write_replace
 from ..remote import (
     Lease,
     LeaseTimes,
@@ -49,7 +56,9 @@ from ..remote import (
     RemoteNamespace,
     WriteDeniedError,
     acquire,
+    adopt_version,
     check_conditional,
+    install_bundle,
     monotonic,
     objects_at,
     remote_cache_root,
@@ -57,6 +66,7 @@ from ..remote import (
     url_dir,
 )
 from ..writer import write_merged
+from .mirror import node_part_here, write_pointer
 from .namespace import Namespace, valid_part_id
 
 __all__ = ["MAX_REMOTE_PARTS", "MODE_ENV", "RemoteOptions", "fill_remote", "lease_deadline",
@@ -66,6 +76,7 @@ __all__ = ["MAX_REMOTE_PARTS", "MODE_ENV", "RemoteOptions", "fill_remote", "leas
 MAX_REMOTE_PARTS = 4
 _STATE = "remote.json"
 _SCRATCH = "remote-scratch"
+_NOTHING = RemoteManifest(0, ())
 #: The environment variable that makes every call read the remote only: ``read``.
 MODE_ENV = "TSC_REMOTE_MODE"
 
@@ -102,14 +113,6 @@ class RemoteOptions:
     """Never write to the remote (``$TSC_REMOTE_MODE=read``): misses are built for this node."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """The remote generation this node's namespace mirrors."""
-
-    generation: int
-    parts: tuple[PartRef, ...]
-
-
 #: Returns the keys of the call still to compute against the node's current namespace: those
 #: for the cluster (missing), and those for this node only (its sources differ).
 Todo = Callable[[], tuple[list[str], list[str]]]
@@ -144,8 +147,7 @@ def fill_remote(
             manifest, same, skipped = node.rns.current(
                 seen.generation if seen is not None else None)
             excused |= skipped
-            if not same or seen is None:
-                seen = node.sync(manifest)
+            seen = node.sync(seen if same else manifest)
             left, own = (_unexcused(keys, excused) for keys in todo())
             if own:
                 excused |= node.build_own(seen, own, build)
@@ -172,8 +174,8 @@ def _unexcused(keys: list[str], excused: set[str]) -> list[str]:
 
 
 def _hold(
-    node: _Node, base: _Seen, left: list[str], todo: Todo, build: Build
-) -> tuple[_Seen, set[str]]:
+    node: _Node, base: RemoteManifest, left: list[str], todo: Todo, build: Build
+) -> tuple[RemoteManifest, set[str]]:
     """Holding the lease: build ``left``, upload, commit; return what is committed and skipped."""
     stage("leased")
     part, skipped = build(left)
@@ -187,43 +189,44 @@ def _hold(
 
 
 def _commit(
-    node: _Node, base: _Seen, part: str | None, skipped: set[str], todo: Todo
-) -> tuple[_Seen, set[str]]:
+    node: _Node, base: RemoteManifest, part: str | None, skipped: set[str], todo: Todo
+) -> tuple[RemoteManifest, set[str]]:
     """Upload ``part`` and commit it on ``base`` (or after the winner of a race)."""
     ref = node.upload(part) if part is not None else None
     stage("uploaded")
     current = base
     while True:
-        parts = [*current.parts, *([ref] if ref is not None else [])]
-        if node.rns.commit(current.generation + 1, parts, sorted(skipped)):
+        ours = RemoteManifest(current.generation + 1,
+                              (*current.parts, *([ref] if ref is not None else [])),
+                              tuple(sorted(skipped)))
+        if node.rns.commit(ours):
             break
-        theirs = node.rns.read_manifest(current.generation + 1)
+        theirs = node.rns.read_manifest(ours.generation)
         if theirs is None:
             raise CorruptStoreError(f"{node.rns.where()!r}: generation "
-                                    f"{current.generation + 1} was taken but cannot be read")
+                                    f"{ours.generation} was taken but cannot be read")
         current = node.sync(theirs)
         if not _unexcused(todo()[0], skipped):
             return current, skipped  # the winner holds our keys: ours is never referenced
     stage("committed")
-    committed = node.publish(_Seen(current.generation + 1, tuple(parts)))
-    node.rns.write_head(committed.generation)
+    committed = node.publish(ours)
+    node.rns.write_head(committed)
     if len(committed.parts) > MAX_REMOTE_PARTS:
         committed = _compact(node, committed)
     return committed, skipped
 
 
-def _compact(node: _Node, seen: _Seen) -> _Seen:
+def _compact(node: _Node, seen: RemoteManifest) -> RemoteManifest:
     """Merge every part of ``seen`` into one, upload it and commit it as the next generation."""
     ns = node.ns
     part = ns.new_part_id()
     with ns.open_parts([p.id for p in seen.parts], pin=False) as merged:
         write_merged(merged, ns.part_dir(part), trust=ns.trust)
-    ref = node.upload(part)
-    if not node.rns.commit(seen.generation + 1, [ref], []):
-        remove_tree(ns.part_dir(part))  # someone committed meanwhile: keep theirs
-        return seen
-    committed = node.publish(_Seen(seen.generation + 1, (ref,)))
-    node.rns.write_head(committed.generation)
+    merged_gen = RemoteManifest(seen.generation + 1, (node.upload(part),))
+    if not node.rns.commit(merged_gen):
+        return seen  # someone committed meanwhile: keep theirs (ours is never referenced)
+    committed = node.publish(merged_gen)
+    node.rns.write_head(committed)
     return committed
 
 
@@ -249,7 +252,9 @@ class _Node:
                 stacklevel=2)
         self.read_only = True
 
-    def acquire(self, base: _Seen, times: LeaseTimes, deadline: float | None) -> Lease | None:
+    def acquire(
+        self, base: RemoteManifest, times: LeaseTimes, deadline: float | None
+    ) -> Lease | None:
         """The lease on ``base`` (see :func:`~tensorstore_cache.remote.acquire`), the store
         probed first (once per node cache); None if the next generation was committed
         meanwhile or the remote refused the write."""
@@ -263,13 +268,13 @@ class _Node:
             self.deny(exc)
             return None
 
-    def build_own(self, seen: _Seen, keys: list[str], build: Build) -> set[str]:
+    def build_own(self, seen: RemoteManifest, keys: list[str], build: Build) -> set[str]:
         """Build ``keys`` into a part of this node only and publish it; return those skipped."""
         part, skipped = build(keys)
         self.keep_own(seen, part)
         return skipped
 
-    def keep_own(self, seen: _Seen, part: str | None) -> None:
+    def keep_own(self, seen: RemoteManifest, part: str | None) -> None:
         """Publish ``seen`` with ``part`` (if any) added to this node's own parts (merged into
         one past :data:`MAX_REMOTE_PARTS`)."""
         if part is None:
@@ -283,23 +288,48 @@ class _Node:
         self.publish(seen)
 
     def upload(self, part: str) -> PartRef:
-        return self.rns.upload_part(self.ns.part_dir(part), part, self.scratch)
-
-    def sync(self, manifest: RemoteManifest | None) -> _Seen:
-        """Fetch the parts of ``manifest`` this node lacks and make it the node's manifest."""
-        if manifest is None:
-            return self.publish(_Seen(0, ()))
+        """Upload the part built here, then keep it in the node cache, data files included."""
         ns = self.ns
+        part_dir = ns.part_dir(part)
+        ref = self.rns.upload_part(part_dir, part, self.scratch, ns.trust)
+        url = self.rns.part_url(part)
+        local = adopt_version(part_dir, url, cache_dir=ns.root.parent, trust=ns.trust)
+        write_pointer(part_dir, url, local.name, ns.trust)
+        return ref
+
+    def sync(self, manifest: RemoteManifest | None) -> RemoteManifest:
+        """Fetch the bundles of the parts of ``manifest`` this node lacks and make it the
+        node's manifest (None: nothing committed yet)."""
+        if manifest is None:
+            return self.publish(_NOTHING)
         for ref in manifest.parts:
             if not valid_part_id(ref.id):
                 raise CorruptStoreError(f"{self.rns.where()!r}: generation "
                                         f"{manifest.generation} names {ref.id!r}, not a part id")
-            if not ns.part_dir(ref.id).is_dir():
-                self.rns.download_part(ref, ns.part_dir(ref.id), self.scratch,
-                                       ns.trust.dir_mode, ns.trust.file_mode)
-        return self.publish(_Seen(manifest.generation, manifest.parts))
+            self._ensure(ref)
+        return self.publish(manifest)
 
-    def publish(self, seen: _Seen) -> _Seen:
+    def _ensure(self, ref: PartRef) -> None:
+        """Put part ``ref`` in the node cache (from its bundle) unless it is there."""
+        ns = self.ns
+        part_dir = ns.part_dir(ref.id)
+        if part_dir.is_dir() or node_part_here(part_dir, ns.trust):
+            return
+        bundle = self.rns.fetch_bundle(ref, self.scratch)
+        try:
+            url = self.rns.part_url(ref.id)
+            local = install_bundle(bundle, url, cache_dir=ns.root.parent, trust=ns.trust)
+            if local.name != ref.group:
+                raise CorruptStoreError(f"{bundle.where!r} holds the metadata of another store "
+                                        "than its manifest names", bundle.where)
+            side = bundle.side_bytes()
+            if side is not None:
+                write_replace(hashes_path(part_dir), [memoryview(side)], trust=ns.trust)
+            write_pointer(part_dir, url, local.name, ns.trust)
+        finally:
+            bundle.path.unlink(missing_ok=True)
+
+    def publish(self, seen: RemoteManifest) -> RemoteManifest:
         """Publish a node manifest listing exactly ``seen``'s parts (unless it does already)
         and remember which remote generation it mirrors."""
         ns = self.ns
@@ -322,21 +352,20 @@ class _Node:
         os.replace(tmp, ns.root / _STATE)
         return seen
 
-    def read_seen(self) -> _Seen | None:
+    def read_seen(self) -> RemoteManifest | None:
         """The remote generation the node mirrors (None: unknown, another URL's, or changed
         since by housekeeping)."""
         try:
             doc = json.loads((self.ns.root / _STATE).read_text())
             if doc.get("url") != self.url:
                 return None
-            parts = tuple(PartRef(str(p["id"]), int(p["size"]), str(p["xxh3"]))
-                          for p in doc["parts"])
+            parts = tuple(PartRef.from_doc(p) for p in doc["parts"])
             own = [str(p) for p in doc.get("own", [])]
             local = self.ns.current()
             if [p.id for p in parts] + own != (list(local.parts) if local is not None else []):
                 return None
             self.own[:] = own
-            return _Seen(int(doc["generation"]), parts)
+            return RemoteManifest(int(doc["generation"]), parts)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

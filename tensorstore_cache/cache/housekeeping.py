@@ -52,6 +52,7 @@ from ..fs import (
 from ..remote import NodeCache, Removed, collect
 from ..writer import collect_debris
 from .listing import last_used, mtime, namespaces
+from .mirror import POINTER_SUFFIX
 from .namespace import Manifest, Namespace
 
 logger = logging.getLogger("tensorstore_cache")
@@ -182,12 +183,14 @@ def _tidy(ns: Namespace, grace: float, now: float, sweep: _Sweep) -> list[Remove
         name = entry.name
         if name.startswith("."):
             _tidy_temp(entry, grace, now, sweep, out)
-        elif name.endswith(HASH_SUFFIX):
-            part = name[: -len(HASH_SUFFIX)]
+        elif name.endswith((HASH_SUFFIX, POINTER_SUFFIX)):
+            part, _dot, suffix = name.rpartition(".")
             if part not in live and not (ns.parts_dir / part).exists() and now - mtime(entry) > grace:
                 ok, size = sweep.mine(entry)
+                what = ("hash file of a removed part" if f".{suffix}" == HASH_SUFFIX
+                        else "pointer of a part no longer current")
                 if ok and sweep.remove(entry):
-                    out.append(Removed(str(entry), "part", size, "hash file of a removed part"))
+                    out.append(Removed(str(entry), "part", size, what))
         elif name not in live and entry.is_dir():
             _tidy_part(ns, entry, now - max(mtime(entry), since), grace, sweep, out)
     _tidy_manifests(ns, manifest, grace, now, sweep, out)

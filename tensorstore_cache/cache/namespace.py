@@ -7,6 +7,7 @@ Layout of a namespace (``<cache_dir>/<slug>-<fingerprint>/``)::
     manifests/<gen>.json     generation-numbered manifests; the highest one is current
     parts/<id>/              immutable stores written by build_store, one per build
     parts/<id>.source_xxh3   optional content hashes of a part's sources
+    parts/<id>.remote        a part kept in the node cache instead (see .mirror)
     lock                     build lock (flock); holds "pid host time what"
     last_used                touched whenever the namespace is opened
 
@@ -30,6 +31,7 @@ import socket
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from ..fs import (
 )
 from ..reader import CacheStore, MadeBy, SegmentSource, assemble
 from .fingerprint import NAMESPACE_KIND, canonical_json
+from .mirror import node_part
 
 __all__ = [
     "Manifest",
@@ -116,14 +119,20 @@ class Namespace:
         Whose files may be read, and the modes of those created (default: the
         current user's private cache). ``Trust.explicit`` opens a namespace the
         user named by its path (checked only from there down, warned about).
+    storage_options
+        Options of the fsspec filesystem of the parts kept in the node cache
+        (see :mod:`~tensorstore_cache.cache.mirror`).
     """
 
     def __init__(
-        self, root: Path, fp: dict[str, Any] | None = None, *, trust: Trust | None = None
+        self, root: Path, fp: dict[str, Any] | None = None, *, trust: Trust | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.fp = fp
         self.trust = trust if trust is not None else Trust.private()
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        """Options of the fsspec filesystem of the parts kept in the node cache."""
         self.parts_dir = root / "parts"
         self.manifests_dir = root / "manifests"
         self.lock_path = root / "lock"
@@ -408,25 +417,19 @@ class Namespace:
         """Open exactly ``parts`` of this namespace as one store (see :func:`open_parts`).
 
         ``item_shape`` is the item shape of a store of no parts (default: unknown).
+        A part kept in the node cache (see :mod:`~tensorstore_cache.cache.mirror`)
+        is held there, never pinned: its shards are fetched when first read.
         """
         root = self.root
-        where = NamespaceParts(str(root), tuple(parts), self.trust)
+        where = NamespaceParts(str(root), tuple(parts), self.trust, self.storage_options)
         identity = self.identity(item_shape)
         for part in parts:
             if not _PART_ID.fullmatch(part):
                 raise CorruptStoreError(f"{part!r} is not a part id", str(root))
         parts_fd = self._sub("parts") if parts else -1
-        sources = [
-            SegmentSource(
-                root=self.part_dir(part), trust=self.trust, parent_fd=parts_fd, pin=pin,
-                hashes=functools.partial(read_hashes, self.part_dir(part), trust=self.trust,
-                                         dir_fd=parts_fd),
-                # housekeeping keeps a part while a process holds it
-                resources=[SharedHold(self.part_dir(part) / "zarr.json")] if pin else (),
-            )
-            for part in parts
-        ]
+        opened: list[int] = []
         try:
+            sources = [self._source(part, parts_fd, pin, opened) for part in parts]
             return assemble(where, sources, identity=identity)  # closes the holds if it fails
         except StoreNotFoundError as exc:
             raise StoreNotFoundError(
@@ -434,6 +437,27 @@ class Namespace:
                 "parts no longer current, or the whole namespace was collected); call "
                 "tensorstore_cache.cached() again to get the current store"
             ) from None
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _source(self, part: str, parts_fd: int, pin: bool, opened: list[int]) -> SegmentSource:
+        """The segment of ``part``: its directory, else its copy in the node cache."""
+        part_dir = self.part_dir(part)
+        hashes = functools.partial(read_hashes, part_dir, trust=self.trust, dir_fd=parts_fd)
+        try:
+            os.stat(part, dir_fd=parts_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            kept = node_part(part_dir, parts_fd, self.trust,
+                             storage_options=self.storage_options, hashes=hashes)
+            if kept is not None:
+                opened.append(kept[1])
+                return kept[0]
+        return SegmentSource(
+            root=part_dir, trust=self.trust, parent_fd=parts_fd, pin=pin, hashes=hashes,
+            # housekeeping keeps a part while a process holds it
+            resources=[SharedHold(part_dir / "zarr.json")] if pin else (),
+        )
 
 
 def _close_all(fds: dict[str, int]) -> None:
@@ -453,6 +477,9 @@ class NamespaceParts:
     """Part ids, oldest first."""
     trust: Trust
     """Whose files may be read."""
+    storage_options: dict[str, Any] | None = None
+    """Options of the fsspec filesystem of the parts kept in the node cache (None: fsspec's
+    defaults and environment)."""
 
     @property
     def shown(self) -> str:
@@ -461,7 +488,8 @@ class NamespaceParts:
 
     def open(self) -> CacheStore:
         """Open exactly these parts, pinned: the same rows, under the same rules."""
-        return open_parts(self.root, self.parts, trust=self.trust)
+        return open_parts(self.root, self.parts, trust=self.trust,
+                          storage_options=self.storage_options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,6 +517,7 @@ def open_parts(
     *,
     pin: bool = True,
     trust: Trust | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> CacheStore:
     """Open exactly ``parts`` of the namespace at ``location`` as one store.
 
@@ -504,6 +533,8 @@ def open_parts(
         working even if the namespace is deleted afterwards.
     trust
         Whose files may be read (default: the current user's private cache).
+    storage_options
+        Options of the fsspec filesystem of parts kept in the node cache.
 
     Raises
     ------
@@ -512,7 +543,7 @@ def open_parts(
     UntrustedCacheError
         If a directory or file fails ``trust``.
     """
-    ns = Namespace(Path(location), trust=trust)
+    ns = Namespace(Path(location), trust=trust, storage_options=storage_options)
     try:
         return ns.open_parts(parts, pin=pin)
     finally:

@@ -19,9 +19,18 @@ from typing import TYPE_CHECKING
 from .._interface import interface
 
 if TYPE_CHECKING:
-    from .copy import RemoteStore
+    from .bundle import BUNDLE_SUFFIX, Bundle
+    from .copy import RemoteStore, version_source
+    from .documents import REMOTE_VERSION, check_document, document
+    from .fetch import adopt_version, install_bundle
     from .lease import Lease, LeaseTimes, acquire, monotonic, stage
-    from .manifests import PartRef, RemoteManifest, RemoteNamespace, check_conditional
+    from .manifests import (
+        PartRef,
+        RemoteManifest,
+        RemoteNamespace,
+        check_conditional,
+        parse_manifest,
+    )
     from .node_cache import NodeCache, Removed, collect, requested_cap
     from .objects import DirectoryObjects, Objects, S3Objects, WriteDeniedError, objects_at
     from .upload import (
@@ -35,26 +44,34 @@ if TYPE_CHECKING:
         upload_store,
         withdraw_store,
     )
-    from .urls import file_url_path, is_url, remote_cache_root, url_dir
+    from .urls import file_url_path, is_url, node_dir, open_url_dir, remote_cache_root, url_dir
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
-    "copy": ("RemoteStore",),
+    "bundle": ("BUNDLE_SUFFIX", "Bundle"),
+    "copy": ("RemoteStore", "version_source"),
+    "documents": ("REMOTE_VERSION", "check_document", "document"),
+    "fetch": ("adopt_version", "install_bundle"),
     "lease": ("Lease", "LeaseTimes", "acquire", "monotonic", "stage"),
-    "manifests": ("PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional"),
+    "manifests": ("PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional",
+                  "parse_manifest"),
     "objects": ("DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "objects_at"),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
-    "urls": ("file_url_path", "is_url", "remote_cache_root", "url_dir"),
+    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "remote_cache_root",
+             "url_dir"),
 }
 
 __all__ = [
+    "BUNDLE_SUFFIX",
+    "Bundle",
     "DirectoryObjects",
     "Lease",
     "LeaseTimes",
     "NodeCache",
     "Objects",
     "PartRef",
+    "REMOTE_VERSION",
     "RemoteManifest",
     "RemoteNamespace",
     "RemoteStore",
@@ -62,16 +79,23 @@ __all__ = [
     "S3Objects",
     "WriteDeniedError",
     "acquire",
+    "adopt_version",
     "check_conditional",
+    "check_document",
     "check_target",
     "collect",
     "discard_files",
     "discard_upload",
+    "document",
     "download_files",
     "file_url_path",
+    "install_bundle",
     "is_url",
     "monotonic",
+    "node_dir",
     "objects_at",
+    "open_url_dir",
+    "parse_manifest",
     "remote_cache_root",
     "requested_cap",
     "shared_between_processes",
@@ -80,6 +104,7 @@ __all__ = [
     "upload_file",
     "upload_store",
     "url_dir",
+    "version_source",
     "withdraw_store",
 ]
 

@@ -16,10 +16,13 @@ URL.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from ..errors import StoreNotFoundError
 from ..format import GROUP, GroupMetadata
@@ -30,7 +33,7 @@ from .node_cache import HOLDS_SUFFIX
 from .shards import NodeShards
 from .urls import open_url_dir
 
-__all__ = ["NodeCopy", "RemoteStore", "open_url"]
+__all__ = ["NodeCopy", "RemoteStore", "open_url", "version_source"]
 
 #: Downloads of a version that gc evicts each time before this process holds it.
 _EVICTED_ATTEMPTS = 5
@@ -114,30 +117,65 @@ def open_url(
 def _open_copy(where: NodeCopy, base: int) -> CacheStore:
     """Hold the version, then let the reader map it (``base``: the URL's checked directory)."""
     local = Path(where.local)
+    source = version_source(where.url, local, base, trust=where.trust,
+                            storage_options=where.storage_options, max_bytes=where.max_bytes)
     try:
-        holds = RangeHolds(local.with_name(local.name + HOLDS_SUFFIX), where.trust)
+        return assemble(where, [source])  # closes the hold if it fails
+    except FileNotFoundError:  # StoreNotFoundError too: evicted before we held it
+        raise StoreNotFoundError(f"{local} was evicted from the node cache") from None
+
+
+def version_source(
+    url: str,
+    local: Path,
+    base: int,
+    *,
+    trust: Trust,
+    storage_options: Mapping[str, Any] | None,
+    max_bytes: int | None = None,
+    hashes: Callable[[int], npt.NDArray[np.uint64] | None] | None = None,
+) -> SegmentSource:
+    """The segment of the version ``local`` of ``url`` in the node cache, held from now on.
+
+    The hold is taken before the version is read (no evictor deletes a version
+    a process holds) and released with the store; its shards are fetched when
+    first read (:class:`~tensorstore_cache.remote.shards.NodeShards`).
+
+    Parameters
+    ----------
+    url
+        The store's URL.
+    local
+        Its version directory in the node cache.
+    base
+        The checked descriptor of the URL's directory in the node cache
+        (open until the store is assembled).
+    trust
+        The rules of the cache directory.
+    storage_options
+        Options of the fsspec filesystem.
+    max_bytes
+        This process's cap of the node cache.
+    hashes
+        Reads the recorded content hashes of its sources (None: none kept).
+
+    Raises
+    ------
+    StoreNotFoundError
+        If the version is not in the node cache (evicted).
+    """
+    try:
+        holds = RangeHolds(local.with_name(local.name + HOLDS_SUFFIX), trust)
     except FileNotFoundError:
         raise StoreNotFoundError(f"{local} was evicted from the node cache") from None
-
-    made: list[NodeShards] = []  # once made, the supply owns the holds (closed with it)
+    options = None if storage_options is None else dict(storage_options)
 
     def supply(meta: GroupMetadata) -> NodeShards:
-        made.append(NodeShards(where.url, local, meta, holds=holds,
-                               storage_options=where.storage_options,
-                               max_bytes=where.max_bytes, trust=where.trust))
-        return made[-1]
+        return NodeShards(url, local, meta, holds=holds, storage_options=options,
+                          max_bytes=max_bytes, trust=trust)
 
-    try:
-        return assemble(where, [SegmentSource(root=local, trust=where.trust, parent_fd=base,
-                                              supply=supply)])
-    except FileNotFoundError:  # StoreNotFoundError too: evicted before we held it
-        if not made:
-            holds.close()
-        raise StoreNotFoundError(f"{local} was evicted from the node cache") from None
-    except BaseException:
-        if not made:
-            holds.close()
-        raise
+    return SegmentSource(root=local, trust=trust, parent_fd=base, supply=supply, hashes=hashes,
+                         resources=[holds])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

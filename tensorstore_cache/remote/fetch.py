@@ -18,6 +18,11 @@ of ragged fields), once per node and version:
    against its recorded size and XXH3-128 and fsynced;
 3. publish the directory with one ``rename``.
 
+A part of a cluster's namespace comes the same way from its bundle, one
+object holding its metadata and index (:func:`install_bundle`, see
+:mod:`tensorstore_cache.remote.bundle`); a part this node built moves into
+the node cache whole (:func:`adopt_version`).
+
 Data files (shards, chunks of ragged values) are fetched into that directory
 when first read (:mod:`tensorstore_cache.remote.shards`). A reader never sees a partial
 file, a damaged download is never published, and a store changed remotely
@@ -34,9 +39,10 @@ Uploading a store is :mod:`tensorstore_cache.remote.upload`.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,7 @@ from ..fs import (
     apply_modes,
     collect_temps,
     create_file,
+    disk_usage,
     file_digest,
     fsync_dir,
     make_dir,
@@ -58,10 +65,11 @@ from ..fs import (
     temp_path,
     write_bytes_durable,
 )
-from .node_cache import HOLDS_SUFFIX
+from .bundle import Bundle
+from .node_cache import HOLDS_SUFFIX, NodeCache
 from .urls import filesystem, node_dir, open_url_dir, version_name
 
-__all__ = ["fetch_store", "read_group"]
+__all__ = ["adopt_version", "fetch_store", "install_bundle", "read_group"]
 
 #: Reads back a download in progress (this process's own directory): checks come later.
 _QUIET = Trust.explicit(warn=False)
@@ -122,8 +130,19 @@ def _make_parents(tmp: Path, rel: str, trust: Trust) -> None:
         make_dir(d, trust)
 
 
-def _download(fs: Any, root: str, raw: bytes, tmp: Path, trust: Trust) -> int:
-    """Copy the store at ``root`` (whose group zarr.json is ``raw``) into ``tmp``; return bytes."""
+#: Writes the store files ``rels`` into a directory being filled.
+Getter = Callable[[Path, list[str]], None]
+
+
+def _download(get: Getter, raw: bytes, tmp: Path, *, trust: Trust) -> int:
+    """Copy the store whose group zarr.json is ``raw`` into ``tmp``, its other files through
+    ``get``; return the bytes kept.
+
+    Raises
+    ------
+    _ChangedError
+        If the files got do not match the group metadata.
+    """
     write_bytes_durable(tmp / GROUP, raw, trust=trust)
     # array metadata first (small, named by the group): GroupMetadata.read then validates all
     try:
@@ -134,7 +153,7 @@ def _download(fs: Any, root: str, raw: bytes, tmp: Path, trust: Trust) -> int:
     meta = [f"{d}/{GROUP}" for d in array_documents(group.spec, group.key_bytes_len)]
     for rel in meta:
         _make_parents(tmp, rel, trust)
-    _get(fs, root, tmp, meta)  # read_json caps their size; checksums are checked below
+    get(tmp, meta)  # read_json caps their size; checksums are checked below
     try:
         read = GroupMetadata.read(tmp, trust=_QUIET)
     except (CorruptStoreError, StoreNotFoundError) as exc:  # e.g. replaced while we read it
@@ -144,7 +163,7 @@ def _download(fs: Any, root: str, raw: bytes, tmp: Path, trust: Trust) -> int:
     data = sorted(rel for rel in set(files) - set(meta) if rel not in fetched)
     for rel in data:
         _make_parents(tmp, rel, trust)
-    _get(fs, root, tmp, data)
+    get(tmp, data)
     kept = [rel for rel in sorted(files) if rel not in fetched]
     bad = [(rel, why) for rel in kept if (why := _check_copy(tmp / rel, *files[rel], trust))]
     if bad:
@@ -249,40 +268,20 @@ def _fetch(url: str, fs: Any, root: str, base: Path, base_fd: int, trust: Trust)
     """
     last: list[tuple[str, str]] = []
     attempts = _ATTEMPTS
+
+    def get(tmp: Path, rels: list[str]) -> None:
+        _get(fs, root, tmp, rels)
+
     for attempt in range(attempts):
         raw = read_group(fs, root, url)
         version = version_name(raw)
-        local = base / version
-        if _have(base_fd, local, trust):
-            return local
-        with ExclusiveLock(base / f"{version}.lock", what="fetch", trust=trust) as lock:
-            lock.acquire()
-            if _have(base_fd, local, trust):  # copied meanwhile by another process
-                return local
-            _collect_fetch_debris(base, version)
-            tmp = _fetch_tmp(local)
-            make_dir(tmp, trust, exist_ok=False)
-            try:
-                _download(fs, root, raw, tmp, trust)
-                # the holds file exists before the version does: an evictor finds a version
-                # a reader is about to open locked by it, never without a holds file
-                os.close(create_file(local.with_name(local.name + HOLDS_SUFFIX), trust,
-                                     flags=os.O_RDWR, kind="member-write", exclusive=False))
-                try:
-                    tmp.rename(local)
-                except OSError:
-                    if not local.is_dir():
-                        raise
-                    remove_tree(tmp)  # published meanwhile by a process that did not lock
-                    return local
-                fsync_dir(base)
-                return local
-            except _ChangedError as changed:
-                remove_tree(tmp)
-                last = changed.bad
-            except BaseException:
-                remove_tree(tmp)
-                raise
+        if _have(base_fd, base / version, trust):
+            return base / version
+        try:
+            return _publish_version(base, base_fd, version, trust,
+                                    functools.partial(_download, get, raw, trust=trust))
+        except _ChangedError as changed:
+            last = changed.bad
         if attempt + 1 < attempts:
             time.sleep(0.5 * 2**attempt)  # the store may be being replaced: look again
     shown = "; ".join(f"{rel}: {why}" for rel, why in last[:5])
@@ -292,6 +291,109 @@ def _fetch(url: str, fs: Any, root: str, base: Path, base_fd: int, trust: Trust)
         "overwritten - rebuild or re-upload it, or retry when the upload has finished",
         url,
     )
+
+
+def _publish_version(
+    base: Path, base_fd: int, version: str, trust: Trust, fill: Callable[[Path], object]
+) -> Path:
+    """Make the version directory ``base / version`` unless it is there: ``fill`` a hidden
+    sibling, then publish it with one rename, under the version's download lock."""
+    local = base / version
+    with ExclusiveLock(base / f"{version}.lock", what="fetch", trust=trust) as lock:
+        lock.acquire()
+        if _have(base_fd, local, trust):  # made meanwhile by another process
+            return local
+        _collect_fetch_debris(base, version)
+        tmp = _fetch_tmp(local)
+        make_dir(tmp, trust, exist_ok=False)
+        try:
+            fill(tmp)
+            return _rename_version(tmp, local, base, trust)
+        except BaseException:
+            remove_tree(tmp)
+            raise
+
+
+def _rename_version(tmp: Path, local: Path, base: Path, trust: Trust) -> Path:
+    """Publish the complete directory ``tmp`` as the version ``local`` (``tmp`` goes if the
+    version is there already)."""
+    # the holds file exists before the version does: an evictor finds a version a reader is
+    # about to open locked by it, never without a holds file
+    os.close(create_file(local.with_name(local.name + HOLDS_SUFFIX), trust, flags=os.O_RDWR,
+                         kind="member-write", exclusive=False))
+    try:
+        tmp.rename(local)
+    except OSError:
+        if not local.is_dir():
+            raise
+        remove_tree(tmp)  # published meanwhile by a process that did not lock
+        return local
+    fsync_dir(base)
+    return local
+
+
+def install_bundle(
+    bundle: Bundle, url: str, *, cache_dir: str | os.PathLike[str], trust: Trust
+) -> Path:
+    """Make the store at ``url`` whose bundle is ``bundle`` a version of the node cache; return it.
+
+    Its metadata and index come from the bundle, each file checked against
+    the size and XXH3-128 its group ``zarr.json`` lists (as a download is);
+    its data files are fetched from ``url`` when first read.
+
+    Raises
+    ------
+    CorruptStoreError
+        If the bundle's files do not match their metadata.
+    """
+    raw = bundle.read_file(GROUP)
+    version = version_name(raw)
+    base = node_dir(url, cache_dir)
+    base_fd = open_url_dir(url, cache_dir, trust, create=True)
+
+    def get(tmp: Path, rels: list[str]) -> None:
+        for rel in rels:
+            write_bytes_durable(tmp / rel, bundle.read_file(rel), trust=trust)
+
+    try:
+        if _have(base_fd, base / version, trust):
+            return base / version
+        try:
+            return _publish_version(base, base_fd, version, trust,
+                                    functools.partial(_download, get, raw, trust=trust))
+        except _ChangedError as bad:
+            shown = "; ".join(f"{rel}: {why}" for rel, why in bad.bad[:5])
+            raise CorruptStoreError(f"{bundle.where!r} holds files that do not match its "
+                                    f"{GROUP} ({shown})", bundle.where) from None
+    finally:
+        os.close(base_fd)
+
+
+def adopt_version(
+    built: Path, url: str, *, cache_dir: str | os.PathLike[str], trust: Trust
+) -> Path:
+    """Move the store directory ``built`` (uploaded to ``url``) into the node cache as the
+    version of ``url`` it is, data files included; return the version directory.
+
+    ``built`` must lie on the node cache's filesystem and have the cache's
+    modes. Its bytes are added to the node cache's usage (a capped cache
+    evicts to make room at its next download).
+    """
+    version = version_name((built / GROUP).read_bytes())
+    base = node_dir(url, cache_dir)
+    base_fd = open_url_dir(url, cache_dir, trust, create=True)
+    try:
+        with ExclusiveLock(base / f"{version}.lock", what="fetch", trust=trust) as lock:
+            lock.acquire()
+            if _have(base_fd, base / version, trust):
+                remove_tree(built)  # the same bytes, by their checksums
+                return base / version
+            size = disk_usage(built)
+            local = _rename_version(built, base / version, base, trust)
+    finally:
+        os.close(base_fd)
+    NodeCache(base.parent, trust).add(size)
+    return local
 
 
 def _have(base_fd: int, local: Path, trust: Trust) -> bool:

@@ -5,7 +5,10 @@ create-only manifest, see :mod:`~tensorstore_cache.remote.manifests`). The
 lease to build on generation ``g`` is the object ``leases/g<g>.a<attempt>.json``,
 created once (create-only, so one machine wins each attempt) and then written
 only by its holder: a heartbeat counter every ``heartbeat`` seconds, and
-``"released"`` when it is done.
+``"released"`` when it is done. It holds its ``kind`` and ``version``, the
+counter (``beats``), its ``state`` (``"held"`` or ``"released"``), the
+holder's ``host`` and ``pid`` (shown to waiters, never compared) and its
+``writer`` token.
 
 A waiter never compares clocks across machines: it watches the counter on
 its own monotonic clock, and when the lease has not changed for a lease time
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import StoreLockedError
+from .documents import check_document, document
 from .objects import Objects, new_token
 
 __all__ = ["Lease", "LeaseTimes", "acquire", "monotonic", "stage"]
@@ -113,8 +117,8 @@ class Lease:
         return self
 
     def _body(self, beats: int, state: str) -> dict[str, object]:
-        return {"beats": beats, "state": state, "host": socket.gethostname(),
-                "pid": os.getpid(), "writer": self.token}
+        return document("lease", {"beats": beats, "state": state, "host": socket.gethostname(),
+                                  "pid": os.getpid(), "writer": self.token})
 
     def _beat(self) -> None:
         beats = 0
@@ -192,5 +196,7 @@ def _watch(
         if committed():
             return True
         seen = objects.read_json(rel)
+        if seen is not None:
+            check_document(seen, "lease", objects.where(rel))
         if seen != last:
             last, changed = seen, monotonic()

@@ -1,23 +1,30 @@
-"""A cache namespace on a remote prefix: numbered create-only manifests and part bundles.
+"""A cache namespace on a remote prefix: numbered create-only manifests, parts and their bundles.
 
 Layout under ``<remote>/<namespace name>/`` (the name the namespace has on a
 local disk, a fingerprint of the transform)::
 
     manifests/<generation, 8 digits>.json   created once, never rewritten; the highest is current
-    head.json                               a hint of the current generation (may lag)
-    parts/<part id>.tar                     one object per part: all of its files
+    head.json                               a hint: the current generation and a copy of its
+                                            manifest (may lag)
+    parts/<part id>/                        a part: a store, every file (group zarr.json last)
+    parts/<part id>.bundle                  its metadata and index in one object
     leases/g<generation>.a<attempt>.json    see tensorstore_cache.remote.lease
 
 A commit creates manifest ``g + 1`` naming every part of ``g`` and the new
-one; the part is uploaded first, so no manifest names a missing object. The
-loser of a commit reads the winner's manifest and tries ``g + 2``. Old
-generations are snapshots: incomplete, never wrong. A reader finds the
-current generation from what it knew (or ``head.json``) by reading the next
-manifest until one is absent.
+one; the part and its bundle are uploaded first, so no manifest names a
+missing object. The loser of a commit reads the winner's manifest and tries
+``g + 2``. Old generations are snapshots: incomplete, never wrong. A reader
+finds the current generation from what it knew (or ``head.json``) by reading
+the next manifest until one is absent; when it started from the head hint and
+nothing is newer, the hint's copy of the manifest spares it one more read.
 
-A part travels as one object (an uncompressed tar of its directory), checked
-against the size and XXH3-128 its manifest records before it is unpacked, so
-a fresh node needs one request per part.
+A node opens a part from its bundle (checked against the size and XXH3-128
+its manifest records; see :mod:`tensorstore_cache.remote.bundle`) and fetches
+its shards from ``parts/<id>/`` when first read, through the node cache. So a
+fresh node needs one request per part before it can read.
+
+Every object holds its ``kind`` and ``version``
+(:mod:`tensorstore_cache.remote.documents`).
 """
 
 from __future__ import annotations
@@ -25,35 +32,43 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from ..errors import CorruptStoreError, StoreNotFoundError, UnsafeRemoteError
-from ..format import hashes_path
-from ..fs import discard_tree
+from ..format import GROUP, GroupMetadata
+from ..fs import Trust, file_digest
+from .bundle import BUNDLE_SUFFIX, Bundle, pack_bundle
+from .documents import check_document, document
 from .objects import Objects, new_token
+from .urls import version_name
 
-__all__ = ["PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional"]
-
-_CHUNK = 1 << 20
-_SIDE = "source_xxh3"
+__all__ = ["PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional", "parse_manifest"]
 
 
 @dataclass(frozen=True, slots=True)
 class PartRef:
-    """A part named by a manifest: its id and its bundle's size and XXH3-128."""
+    """A part named by a manifest: its id, its bundle's size and XXH3-128, and the XXH3-128
+    of its group ``zarr.json`` (the name of its version in a node cache)."""
 
     id: str
     size: int
     xxh3: str
+    group: str
 
     def doc(self) -> dict[str, Any]:
-        return {"id": self.id, "size": self.size, "xxh3": self.xxh3}
+        return {"id": self.id, "size": self.size, "xxh3": self.xxh3, "group_xxh3": self.group}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> PartRef:
+        """A part of a manifest document (``KeyError``, ``TypeError`` or ``ValueError`` if
+        it is not one)."""
+        ref = cls(str(doc["id"]), int(doc["size"]), str(doc["xxh3"]), str(doc["group_xxh3"]))
+        if "/" in ref.id or not ref.id or ref.size < 0:
+            raise ValueError(f"bad part {ref.id!r}")
+        return ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +79,32 @@ class RemoteManifest:
     generation: int
     parts: tuple[PartRef, ...]
     skipped: tuple[str, ...] = ()
+
+    def doc(self) -> dict[str, Any]:
+        """The manifest document (without its writer's token)."""
+        return document("manifest", {"generation": self.generation,
+                                     "parts": [p.doc() for p in self.parts],
+                                     "skipped": list(self.skipped)})
+
+
+def parse_manifest(doc: Mapping[str, Any], gen: int, where: str) -> RemoteManifest:
+    """The manifest of generation ``gen`` in ``doc``, read at ``where``.
+
+    Raises
+    ------
+    CorruptStoreError
+        If it is no manifest (of a version this release reads) of generation ``gen``.
+    """
+    check_document(doc, "manifest", where)
+    try:
+        parts = tuple(PartRef.from_doc(p) for p in doc["parts"])
+        skipped = tuple(str(k) for k in doc.get("skipped", ()))
+        found = doc["generation"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(f"{where!r} is not a manifest ({exc!r})", where) from None
+    if type(found) is not int or found != gen or len({p.id for p in parts}) != len(parts):
+        raise CorruptStoreError(f"{where!r} is not the manifest of generation {gen}", where)
+    return RemoteManifest(gen, parts, skipped)
 
 
 class RemoteNamespace:
@@ -79,26 +120,18 @@ class RemoteNamespace:
     def where(self) -> str:
         return self.objects.where(self.name)
 
+    def part_url(self, part: str) -> str:
+        """The URL (or directory) of the store of ``part``."""
+        return self.objects.where(self.rel(f"parts/{part}"))
+
     def _manifest_rel(self, gen: int) -> str:
         return self.rel(f"manifests/{gen:08d}.json")
 
     def read_manifest(self, gen: int) -> RemoteManifest | None:
         """Generation ``gen``, None if it was never committed."""
-        doc = self.objects.read_json(self._manifest_rel(gen))
-        if doc is None:
-            return None
-        try:
-            parts = tuple(PartRef(str(p["id"]), int(p["size"]), str(p["xxh3"]))
-                          for p in doc["parts"])
-            skipped = tuple(str(k) for k in doc.get("skipped", ()))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStoreError(
-                f"{self.objects.where(self._manifest_rel(gen))!r} is not a manifest ({exc!r})"
-            ) from None
-        if int(doc.get("generation", -1)) != gen or any("/" in p.id for p in parts):
-            raise CorruptStoreError(f"{self.objects.where(self._manifest_rel(gen))!r} is "
-                                    "not the manifest of its generation")
-        return RemoteManifest(gen, parts, skipped)
+        rel = self._manifest_rel(gen)
+        doc = self.objects.read_json(rel)
+        return None if doc is None else parse_manifest(doc, gen, self.objects.where(rel))
 
     def exists(self, gen: int) -> bool:
         """Whether generation ``gen`` is committed (one request)."""
@@ -111,8 +144,9 @@ class RemoteNamespace:
         ``known`` itself), whether it is generation ``known`` (the caller's copy
         is current), and the keys skipped by the commits read on the way.
         """
-        start = known if known is not None else self._head()
-        gen, found = start, None
+        hinted = self._head() if known is None else None
+        gen = known if known is not None else (hinted.generation if hinted is not None else 0)
+        found = None
         skipped: set[str] = set()
         while True:
             after = self.read_manifest(gen + 1)
@@ -123,100 +157,78 @@ class RemoteNamespace:
         if found is None and gen == known:
             return None, True, skipped
         if found is None and gen > 0:
-            found = self.read_manifest(gen)
-            if found is None:
-                raise CorruptStoreError(f"{self.where()!r}: head.json names generation {gen}, "
-                                        "which has no manifest")
+            found = hinted  # the hint's copy: nothing is newer
         return found, False, skipped
 
-    def _head(self) -> int:
-        doc = self.objects.read_json(self.rel("head.json"))
-        return int(doc.get("generation", 0)) if doc is not None else 0
+    def _head(self) -> RemoteManifest | None:
+        """The manifest the head hint copies (None: no hint yet)."""
+        rel = self.rel("head.json")
+        doc = self.objects.read_json(rel)
+        if doc is None:
+            return None
+        where = self.objects.where(rel)
+        check_document(doc, "head", where)
+        gen, copy = doc.get("generation"), doc.get("manifest")
+        if type(gen) is not int or gen < 1 or not isinstance(copy, dict):
+            raise CorruptStoreError(f"{where!r} is not a head hint", where)
+        return parse_manifest(copy, gen, f"{where} (its manifest)")
 
-    def commit(self, gen: int, parts: list[PartRef], skipped: list[str]) -> bool:
-        """Create manifest ``gen``; True if this call's write is it."""
-        body = {"generation": gen, "parts": [p.doc() for p in parts], "skipped": skipped}
-        return self.objects.create(self._manifest_rel(gen), body, new_token())
+    def commit(self, manifest: RemoteManifest) -> bool:
+        """Create the manifest of ``manifest``'s generation; True if this call's write is it."""
+        return self.objects.create(self._manifest_rel(manifest.generation), manifest.doc(),
+                                   new_token())
 
-    def write_head(self, gen: int) -> None:
-        """Point the hint at ``gen`` (a hint only: readers look further themselves)."""
+    def write_head(self, manifest: RemoteManifest) -> None:
+        """Point the hint at ``manifest`` (a hint only: readers look further themselves)."""
+        body = document("head", {"generation": manifest.generation, "manifest": manifest.doc()})
         with contextlib.suppress(OSError):
-            self.objects.write(self.rel("head.json"), {"generation": gen})
+            self.objects.write(self.rel("head.json"), body)
 
-    def upload_part(self, part_dir: Path, part: str, scratch: Path) -> PartRef:
-        """Pack ``part_dir`` (and its sources' hashes beside it, if any) into one object and
-        upload it as ``parts/<part>.tar``."""
-        bundle = scratch / f"{part}.{new_token()}.tar"
-        side = hashes_path(part_dir)
-        with tarfile.open(bundle, "w", format=tarfile.PAX_FORMAT) as tar:
-            for path in sorted(part_dir.rglob("*")):
-                if path.is_file():
-                    tar.add(path, arcname=f"part/{path.relative_to(part_dir)}", recursive=False)
-            if side.is_file():
-                tar.add(side, arcname=_SIDE, recursive=False)
+    def upload_part(self, part_dir: Path, part: str, scratch: Path, trust: Trust) -> PartRef:
+        """Upload the part at ``part_dir`` as ``parts/<part>/`` (data files, then array
+        metadata, the group ``zarr.json`` last), then its bundle."""
+        files = sorted(GroupMetadata.read(part_dir, trust=trust).files)
+        prefix = self.rel(f"parts/{part}")
+        for batch in ([r for r in files if not r.endswith(GROUP)],
+                      [r for r in files if r.endswith(GROUP)], [GROUP]):
+            self.objects.put_files([(part_dir / r, f"{prefix}/{r}") for r in batch])
+        bundle = scratch / f"{part}.{new_token()}{BUNDLE_SUFFIX}"
         try:
-            size, digest = _digest(bundle)
-            self.objects.put_file(bundle, self.rel(f"parts/{part}.tar"))
+            pack_bundle(part_dir, part, bundle, trust)
+            size, digest = file_digest(bundle)
+            self.objects.put_file(bundle, prefix + BUNDLE_SUFFIX)
         finally:
-            bundle.unlink()
-        return PartRef(part, size, digest)
+            bundle.unlink(missing_ok=True)
+        return PartRef(part, size, digest, version_name((part_dir / GROUP).read_bytes()))
 
-    def download_part(self, ref: PartRef, target: Path, scratch: Path,
-                      dir_mode: int, file_mode: int) -> None:
-        """Fetch part ``ref`` and unpack it as the directory ``target`` (published by one
-        rename, its sources' hashes beside it first), checked.
+    def fetch_bundle(self, ref: PartRef, scratch: Path) -> Bundle:
+        """Download the bundle of part ``ref`` into ``scratch`` (the caller removes its file),
+        checked against the size and hash its manifest records.
 
         Raises
         ------
         StoreNotFoundError
             If the object is gone (removed by hand: no manifest names a missing part).
         CorruptStoreError
-            If it does not match its manifest's size and hash.
+            If it does not match its manifest's size and hash, or is no bundle of ``ref``.
         """
-        rel = self.rel(f"parts/{ref.id}.tar")
-        bundle = scratch / f"{ref.id}.{new_token()}.tar"
+        rel = self.rel(f"parts/{ref.id}{BUNDLE_SUFFIX}")
+        where = self.objects.where(rel)
+        path = scratch / f"{ref.id}.{new_token()}{BUNDLE_SUFFIX}"
         try:
             try:
-                self.objects.get_file(rel, bundle)
+                self.objects.get_file(rel, path)
             except FileNotFoundError:
                 raise StoreNotFoundError(
-                    f"{self.objects.where(rel)!r}, named by the namespace's manifest, is gone: "
-                    "something deleted it; remove the namespace's prefix to build it again"
-                ) from None
-            if _digest(bundle) != (ref.size, ref.xxh3):
-                raise CorruptStoreError(f"{self.objects.where(rel)!r} does not match the size "
-                                        "and XXH3-128 its manifest records")
-            unpacked = scratch / f"{ref.id}.{new_token()}"
-            try:
-                _unpack(bundle, unpacked, dir_mode, file_mode)
-                if (unpacked / _SIDE).is_file():
-                    os.replace(unpacked / _SIDE, hashes_path(target))
-                os.rename(unpacked / "part", target)
-            finally:
-                discard_tree(unpacked)
-        finally:
-            bundle.unlink(missing_ok=True)
-
-
-def _unpack(bundle: Path, target: Path, dir_mode: int, file_mode: int) -> None:
-    with tarfile.open(bundle, "r") as tar:
-        for member in tar.getmembers():
-            if not member.isfile() or not (member.name == _SIDE
-                                           or member.name.startswith("part/")):
-                raise CorruptStoreError(f"{bundle.name} holds {member.name!r}, not a file")
-        tar.extractall(target, filter="data")  # no link, device or path outside target
-    for path in [target, *target.rglob("*")]:
-        os.chmod(path, dir_mode if path.is_dir() else file_mode)
-
-
-def _digest(path: Path) -> tuple[int, str]:
-    h = xxhash.xxh3_128()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
+                    f"{where!r}, named by the namespace's manifest, is gone: something deleted "
+                    "it; remove the namespace's prefix to build it again") from None
+            if file_digest(path) != (ref.size, ref.xxh3):
+                raise CorruptStoreError(f"{where!r} does not match the size and XXH3-128 its "
+                                        "manifest records", where)
+            return Bundle.read(path, ref.id, where)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
 
 def check_conditional(objects: Objects, verdicts: Path, *, probe: bool = True) -> None:
@@ -236,9 +248,11 @@ def check_conditional(objects: Objects, verdicts: Path, *, probe: bool = True) -
         return
     if verdict is None:
         rel = f".tsc-probe/{new_token()}.json"
-        first = objects.create(rel, {"probe": 1}, new_token())
+        body = document("probe", {})
+        first = objects.create(rel, body, new_token())
         # the raw answer: a lost response cannot turn "exists" into "created"
-        verdict = first and not objects.create_raw(rel, b"{}")
+        again = json.dumps({**body, "writer": new_token()}, sort_keys=True).encode()
+        verdict = first and not objects.create_raw(rel, again)
         verdicts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = verdicts.with_name(f".{verdicts.name}.{new_token()}")
         tmp.write_text(json.dumps({"url": objects.url, "honours_create_only": verdict}))

@@ -324,6 +324,16 @@ class NodeCache:
             self.make_dirs(final.parent)
             os.rename(tmp, final)
 
+    def add(self, nbytes: int) -> None:
+        """Count ``nbytes`` moved into the cache without a reservation (a builder's own store)
+        in the usage ledger, if there is one (only a capped cache keeps it)."""
+        if not (self.root / _LEDGER).exists():
+            return
+        with self._ledger() as fd:
+            total = self._read(fd)
+            if total is not None:
+                self._write(fd, total + nbytes)
+
     def unreserve(self, nbytes: int, cap: int | None) -> None:
         """Give back a reservation whose download failed (its file already removed)."""
         if cap is None:

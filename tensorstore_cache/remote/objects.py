@@ -165,6 +165,16 @@ class Objects:
         """Upload the local file as ``rel`` (whole, atomic: readers see all of it or nothing)."""
         _writing(rel, self.url, lambda: _retrying(lambda: self._put_file(local, rel)))
 
+    def put_files(self, files: list[tuple[Path, str]]) -> None:
+        """Upload each local file as its object (each whole and atomic; several at once where
+        the store allows)."""
+        if files:
+            _writing(files[0][1], self.url, lambda: _retrying(lambda: self._put_files(files)))
+
+    def _put_files(self, files: list[tuple[Path, str]]) -> None:
+        for local, rel in files:
+            self._put_file(local, rel)
+
     def get_file(self, rel: str, local: Path) -> None:
         """Download ``rel`` into the local file ``local``.
 
@@ -236,6 +246,9 @@ class S3Objects(Objects):
 
     def _put_file(self, local: Path, rel: str) -> None:
         self._fs.put_file(str(local), self._path(rel))
+
+    def _put_files(self, files: list[tuple[Path, str]]) -> None:
+        self._fs.put([str(local) for local, _rel in files], [self._path(rel) for _l, rel in files])
 
     def _get_file(self, rel: str, local: Path) -> None:
         self._fs.get_file(self._path(rel), str(local))

@@ -3,7 +3,9 @@
 An agent waits for its start file (so that every agent of a test calls at
 once, imports done), calls ``tsc.cached(keys, cache_dir=<its node's cache>,
 remote=...)`` with :func:`vector` as its loader, checks every vector it got
-against :func:`vector`, and writes a JSON verdict. The loader appends each key
+against :func:`vector`, and writes a JSON verdict. Given ``opened`` and ``go`` files, it
+reads its first vector, creates ``opened`` and waits for ``go`` before reading the rest
+(so a test can count the requests made before the first vector). The loader appends each key
 it computes to one log with ``O_APPEND`` (one ``write`` a key), so computations
 are counted over the whole cluster, a killed agent's included.
 """
@@ -122,6 +124,12 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         store = _cached(tsc, spec, keys, files)
+    if spec.get("opened"):  # the first vector read: say so, and wait to go on
+        first = store.take(store.rows(keys[:1]))
+        assert files or np.array_equal(first[0], _value(keys[0]))
+        Path(spec["opened"]).touch()
+        while not Path(spec["go"]).exists():
+            time.sleep(0.01)
     got = store.take(store.rows(keys))
     want = np.stack([_bytes_value(Path(k).read_bytes()) if files else _value(k) for k in keys])
     wrong = int(np.sum(np.any(got != want, axis=1)))

@@ -60,53 +60,78 @@ def _assert_all_right(verdicts: list[dict[str, Any]]) -> None:
 
 
 def _parts_named_exist(s3: S3Process, remote: str) -> int:
-    """Assert every manifest under ``remote`` names parts that exist; the newest's part count."""
+    """Assert every manifest under ``remote`` names parts whose bundle and store (its group
+    zarr.json, uploaded last) exist; return the newest's part count."""
+    import json
+
     import fsspec
 
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
     root = remote.removeprefix("s3://")
     newest = 0
     for path in sorted(fs.glob(f"{root}/*/manifests/*.json")):
-        import json
-
         doc = json.loads(fs.cat_file(path))
+        assert doc["kind"] == "tensorstore_cache.remote.manifest" and doc["version"] == 1
         ns = path.rsplit("/manifests/", 1)[0]
         for part in doc["parts"]:
-            assert fs.exists(f"{ns}/parts/{part['id']}.tar"), (path, part)
+            assert fs.exists(f"{ns}/parts/{part['id']}.bundle"), (path, part)
+            assert fs.exists(f"{ns}/parts/{part['id']}/zarr.json"), (path, part)
         newest = len(doc["parts"])
     return newest
+
+
+def _wait_for(path: Path, agent: Agent) -> None:
+    deadline = time.monotonic() + 240  # hang guard
+    while not path.exists():
+        assert agent.proc.poll() is None and time.monotonic() < deadline, agent.result()
+        time.sleep(0.02)
 
 
 def test_once_per_cluster_on_s3(s3: S3Process, prefix: str, tmp_path: Path) -> None:
     """3 nodes x 2 agents at once: each key computed exactly once in the cluster, every agent
     gets the right vectors; two nodes' clocks are skewed (by +1e9 s and -1e5 s) and the
     build outlasts the lease, so only the heartbeat keeps the waiters from taking over.
-    Then the request counts: a warm node makes none, a fresh node at most 4 + 2 per part."""
+    A later call with new keys computes only those, into a second part. Then the request
+    counts: a warm node makes at most 1, a fresh node at most 4 + 2 per part before its first
+    vector (the store probe included), then fetches each shard it reads once."""
     log = tmp_path / "log"
     skews = {0: "0", 1: "1e9", 2: "-1e5"}
+    so = s3.storage_options()
 
     def env(n: int) -> dict[str, str]:
         return spec_env(log, ttl=TTL, sleep=0.1, extra={"TSC_TEST_CLOCK_SKEW": skews.get(n, "0")})
 
-    verdicts = _nodes(tmp_path, prefix, env, nodes=3, agents=2,
-                      storage_options=s3.storage_options())
+    verdicts = _nodes(tmp_path, prefix, env, nodes=3, agents=2, keys=KEYS[:24],
+                      storage_options=so)
     _assert_all_right(verdicts)
     counts = computed(log)
-    assert set(counts) == set(KEYS)
+    assert set(counts) == set(KEYS[:24])
     assert max(counts.values()) == 1, counts.most_common(3)
+    [later] = _nodes(tmp_path, prefix, env, nodes=1, agents=1, storage_options=so)
+    _assert_all_right([later])
+    counts = computed(log)
+    assert set(counts) == set(KEYS) and max(counts.values()) == 1
     parts = _parts_named_exist(s3, prefix)
+    assert parts == 2
 
-    s3.reset()  # a warm node: its own copy covers the keys
-    [warm] = _nodes(tmp_path, prefix, env, nodes=1, agents=1,
-                    storage_options=s3.storage_options())
+    s3.reset()  # a warm node: its node cache covers the keys (the shards its agents read too)
+    [warm] = _nodes(tmp_path, prefix, env, nodes=1, agents=1, storage_options=so)
     _assert_all_right([warm])
     assert len(s3.log()) <= 1
 
-    s3.reset()  # a fresh node on a warm remote (the store probe included)
-    fresh = launch(tmp_path, "fresh", KEYS, prefix, env(0), storage_options=s3.storage_options())
+    s3.reset()  # a fresh node on a warm remote
+    opened, go = tmp_path / "fresh.opened", tmp_path / "fresh.go"
+    fresh = launch(tmp_path, "fresh", KEYS, prefix, env(0), storage_options=so,
+                   opened=str(opened), go=str(go))
+    _wait_for(opened, fresh)
+    before = s3.log()
+    go.touch()
     _assert_all_right([fresh.result()])
-    served = s3.log()
-    assert len(served) <= 4 + 2 * parts, [(r.method, r.key) for r in served]
+    shown = [(r.method, r.key, r.status) for r in before]
+    assert len(before) <= 4 + 2 * parts, shown
+    shards = [r for r in s3.log()[len(before):] if r.method == "GET"]
+    assert shards and all("/parts/" in r.key and not r.key.endswith(".bundle") for r in shards)
+    assert len({r.key for r in shards}) == len(shards)  # each shard fetched once
     assert max(computed(log).values()) == 1
 
 

@@ -24,6 +24,7 @@ from tensorstore_cache.remote import (
     S3Objects,
     acquire,
     check_conditional,
+    document,
     monotonic,
 )
 from tests.support._cluster import launch, spec_env
@@ -132,7 +133,9 @@ def test_probe_refuses_a_store_ignoring_conditions(objects: S3Objects, s3: S3Pro
 
 def test_a_waiter_makes_at_most_two_requests_a_poll(objects: S3Objects, s3: S3Process) -> None:
     """While another holds the lease (heart-beaten), a waiter reads the next manifest and the
-    lease once per poll, and gives up at its deadline (StoreLockedError, a TimeoutError)."""
+    lease once per poll until the manifest appears (here at its 5th poll: acquire then
+    returns None, someone committed); with a deadline it gives up (StoreLockedError, a
+    TimeoutError)."""
     times = LeaseTimes(ttl=60, heartbeat=0.05, poll_min=0.01, poll_max=0.02)
     lease = acquire(objects, "ns/leases", 0, lambda: False, times, None)
     assert lease is not None
@@ -143,23 +146,28 @@ def test_a_waiter_makes_at_most_two_requests_a_poll(objects: S3Objects, s3: S3Pr
         def committed() -> bool:
             nonlocal polls
             polls += 1
-            return objects.read("ns/manifests/00000001.json") is not None
+            found = objects.read("ns/manifests/00000001.json") is not None
+            if polls == 4:  # the commit lands between two polls
+                objects.create("ns/manifests/00000001.json", {"parts": []}, "holder")
+            return found
 
+        assert acquire(objects, "ns/leases", 0, committed, times, None) is None
+        gets = s3.requests("GET", f"{BUCKET}/")
+        create = [r for r in s3.requests("PUT", f"{BUCKET}/") if r.status == 412]
+        assert polls == 5 and len(create) == 1
+        assert len(gets) <= 2 * polls + 1  # + the read after the failed create
         with pytest.raises(TimeoutError):
-            acquire(objects, "ns/leases", 0, committed, times, monotonic() + 0.5)
+            acquire(objects, "ns/leases", 0, lambda: False, times, monotonic() + 0.2)
     finally:
         lease.release()
-    gets = s3.requests("GET", f"{BUCKET}/")
-    create = [r for r in s3.requests("PUT", f"{BUCKET}/") if r.status == 412]
-    assert polls >= 2 and len(create) == 1
-    assert len(gets) <= 2 * polls + 1  # + the read after the failed create
 
 
 def test_a_silent_lease_is_taken_over(tmp_path: Path) -> None:
     """A lease whose holder died (no heartbeat) is taken over once it has been unchanged for
     a lease time on the waiter's clock: the waiter holds the next attempt."""
     objs = DirectoryObjects(tmp_path)
-    assert objs.create("ns/leases/g00000000.a0000.json", {"beats": 0, "state": "held"}, "dead")
+    dead = document("lease", {"beats": 0, "state": "held", "host": "gone", "pid": 1})
+    assert objs.create("ns/leases/g00000000.a0000.json", dead, "dead")
     times = LeaseTimes(ttl=0.3, heartbeat=0.05, poll_min=0.01, poll_max=0.05)
     lease = acquire(objs, "ns/leases", 0, lambda: False, times, None)
     assert lease is not None

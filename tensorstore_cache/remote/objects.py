@@ -142,11 +142,16 @@ class Objects:
         Raises
         ------
         ValueError
-            If it is not a JSON object (named in the message).
+            If it is not a JSON object, or is larger than :data:`MAX_JSON` (named in the
+            message).
         """
         raw = self.read(rel)
         if raw is None:
             return None
+        if len(raw) > MAX_JSON:
+            raise ValueError(f"{self.where(rel)!r} is {len(raw)} bytes, more than the {MAX_JSON} "
+                             "a JSON object of a remote namespace may hold; it was written by "
+                             "something else: remove the namespace's prefix")
         try:
             doc = json.loads(raw)
         except ValueError as exc:

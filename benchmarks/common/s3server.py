@@ -8,8 +8,10 @@ Conditional writes (``If-None-Match``/``If-Match``) are serialised per key: moto
 checks the condition and then writes without a lock, so two threaded requests
 could both win. Faults are injected on request (:class:`Fault`, ``POST
 /_tsc/faults``): a lost response (the write is applied, the client is told 500
-and retries), ``409 ConditionalRequestConflict``, ``503 SlowDown``, a stall
-before the request is served, and a server that ignores conditional headers.
+and retries), a late one (``late``: the write is applied and its answer held for
+``seconds``, past the client's read timeout, so the client retries), ``409
+ConditionalRequestConflict``, ``403 AccessDenied`` (``denied``), ``503 SlowDown``, a
+stall before the request is served, and a server that ignores conditional headers.
 
 Run standalone (``python -m benchmarks.common.s3server``, as :class:`S3Process` does:
 then the server does not share the reader's GIL) it prints its port and serves
@@ -34,7 +36,7 @@ from typing import Any
 __all__ = ["CountingS3", "Fault", "Request", "S3Process"]
 
 #: The faults a :class:`Fault` can inject.
-FAULT_KINDS = ("lost", "conflict", "slowdown", "stall", "ignore_conditions", "denied")
+FAULT_KINDS = ("lost", "conflict", "slowdown", "stall", "ignore_conditions", "denied", "late")
 
 
 @dataclass
@@ -240,6 +242,10 @@ class CountingS3:
                                                    else lambda *a: None))
         else:
             served = app(environ, start_response if kind != "lost" else lambda *a: None)
+        if kind == "late":  # applied, but answered after the client has given up waiting
+            served = list(served)
+            time.sleep(fault.seconds if fault is not None else 0.0)
+            return served
         if kind == "lost":  # applied, but the answer never reaches the client
             served = list(served)
             st, body = _error(500, "InternalError", "We encountered an internal error.")

@@ -142,11 +142,16 @@ class Objects:
         Raises
         ------
         ValueError
-            If it is not a JSON object (named in the message).
+            If it is not a JSON object, or is larger than :data:`MAX_JSON` (named in the
+            message).
         """
         raw = self.read(rel)
         if raw is None:
             return None
+        if len(raw) > MAX_JSON:
+            raise ValueError(f"{self.where(rel)!r} is {len(raw)} bytes, more than the {MAX_JSON} "
+                             "a JSON object of a remote namespace may hold; it was written by "
+                             "something else: remove the namespace's prefix")
         try:
             doc = json.loads(raw)
         except ValueError as exc:
@@ -240,6 +245,14 @@ class S3Objects(Objects):
             return bytes(self._fs.cat_file(self._path(rel), **self._read_kw))
         except FileNotFoundError:
             return None
+        except PermissionError as exc:
+            raise PermissionError(
+                errno.EACCES,
+                f"{self.where(rel)!r}: reading it was refused ({exc}). The credentials need "
+                "s3:GetObject on the prefix and s3:ListBucket on the bucket: without "
+                "s3:ListBucket, S3 answers 403 Access Denied instead of 404 for an object that "
+                "does not exist, and a node reads the next manifest until it is absent (see "
+                "the bucket policy in the documentation's 'One cache for a cluster')") from None
 
     def _write(self, rel: str, data: bytes) -> None:
         self._fs.pipe_file(self._path(rel), data)

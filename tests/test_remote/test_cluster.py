@@ -252,6 +252,33 @@ def test_a_flaky_server(s3: S3Process, prefix: str, tmp_path: Path) -> None:
     _parts_named_exist(s3, prefix)
 
 
+def test_answers_later_than_the_clients_read_timeout(s3: S3Process, prefix: str,
+                                                    tmp_path: Path) -> None:
+    """The server applies the first create of the store probe, of a lease and of a manifest
+    but answers each only after the client's read timeout (1 s here): the client retries and
+    is told 412, the object read back holds its own token, so each is recognised as its own
+    create (a false "exists" would refuse the store as ignoring create-only writes, or wait
+    on its own lease). 2 nodes: each key computed exactly once, every vector right."""
+    s3.inject([Fault("late", "/.tsc-probe/", "PUT", count=1, seconds=3.0),
+               Fault("late", "/leases/", "PUT", count=1, seconds=3.0),
+               Fault("late", "/manifests/", "PUT", count=1, seconds=3.0)])
+    so = {**s3.storage_options(), "config_kwargs": {"read_timeout": 1}}
+    log = tmp_path / "log"
+    verdicts = _nodes(tmp_path, prefix, lambda n: spec_env(log, ttl=TTL), nodes=2, agents=1,
+                      storage_options=so)
+    _assert_all_right(verdicts)
+    counts = computed(log)
+    assert set(counts) == set(KEYS) and max(counts.values()) == 1
+    puts = s3.requests("PUT", prefix.removeprefix("s3://"))
+    for where in ("/.tsc-probe/", "/leases/", "/manifests/"):
+        answers: dict[str, set[int]] = {}
+        for r in puts:
+            if where in r.key:
+                answers.setdefault(r.key, set()).add(r.status)
+        assert any({200, 412} <= found for found in answers.values()), (where, answers)
+    _parts_named_exist(s3, prefix)
+
+
 def test_a_store_ignoring_conditions_is_refused(s3: S3Process, prefix: str,
                                                  tmp_path: Path) -> None:
     """A server that drops If-None-Match is refused at first use (UnsafeRemoteError naming

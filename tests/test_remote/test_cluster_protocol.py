@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -32,6 +35,7 @@ from tests.support._cluster import launch, spec_env
 pytest.importorskip("s3fs")
 
 BUCKET = "protocol"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -263,3 +267,80 @@ def test_records_skips_and_merges_through_a_shared_directory(tmp_path: Path) -> 
     assert len(first) == 1 and [k for k, _r in first.spec.skipped] == ["bad"]
     other = tsc.cached(["a", "b"], cache_dir=tmp_path / "node1", **kw)  # type: ignore[arg-type]
     assert len(other) == 2
+
+
+def test_a_create_answered_after_the_client_timed_out_is_recognised(
+    objects: S3Objects, s3: S3Process
+) -> None:
+    """The server applies a create and holds its answer past the client's read timeout: the
+    client retries, is told 412 (the name is taken: by itself), reads the object back and
+    finds its own token, so the create is ours, not a false "exists"."""
+    patient = S3Objects(objects.url, {**s3.storage_options(),
+                                      "config_kwargs": {"read_timeout": 1}})
+    s3.inject([Fault("late", "late.json", "PUT", count=1, seconds=3.0)])
+    assert patient.create("late.json", {"v": 1}, "mine") is True
+    statuses = [r.status for r in s3.requests("PUT", f"{BUCKET}/")]
+    assert statuses[:2] == [412, 200] or statuses[:2] == [200, 412]  # the retry, the late one
+    assert patient.read_json("late.json") == {"v": 1, "writer": "mine"}
+    assert patient.create("late.json", {"v": 2}, "theirs") is False
+
+
+def test_a_refused_read_names_the_listbucket_permission(s3: S3Process, tmp_path: Path) -> None:
+    """Without s3:ListBucket, S3 answers 403 for an object that does not exist (the next
+    manifest, read until absent): the call fails with a PermissionError that says so, names
+    the object and computes nothing."""
+    prefix = f"s3://{BUCKET}/listbucket"
+    s3.inject([Fault("denied", "listbucket/", "GET", count=-1)])
+    computed: list[str] = []
+
+    def load(key: str) -> np.ndarray:
+        computed.append(key)
+        return np.zeros(2, np.float32)
+
+    try:
+        with pytest.raises(PermissionError, match="s3:ListBucket") as err:
+            tsc.cached(["a", "b"], cache_dir=tmp_path / "node", remote=prefix,
+                       storage_options=s3.storage_options(), loader=load, loader_id="t/1",
+                       identity="none", progress=False, workers=1)
+    finally:
+        s3.inject([])
+    assert f"{prefix}/" in str(err.value) and "403" in str(err.value)
+    assert not computed
+
+
+FROM_THE_ENVIRONMENT = """
+import json, sys
+import numpy as np
+import tensorstore_cache as tsc
+computed = []
+def load(key):
+    computed.append(key)
+    return np.full(3, len(key), np.float32)
+keys = ["a", "bb", "ccc"]
+store = tsc.cached(keys, cache_dir=sys.argv[1], loader=load, loader_id="env/1",
+                   identity="none", progress=False, workers=1)
+assert store.take(store.rows(keys)).tolist() == [[1.0] * 3, [2.0] * 3, [3.0] * 3]
+print(json.dumps({"computed": computed, "location": store.location}))
+"""
+
+
+def test_the_remote_and_its_store_from_the_environment(s3: S3Process, tmp_path: Path) -> None:
+    """$TSC_REMOTE names an S3 prefix and fsspec's own FSSPEC_S3_* variables give the
+    endpoint and the credentials: cached() without remote= or storage_options= shares the
+    namespace through it (a second node computes nothing), and the location shown is the
+    node's namespace directory, with no credential in it."""
+    prefix = f"s3://{BUCKET}/from-env"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TSC_", "FSSPEC_", "AWS_"))}
+    env.update({"TSC_REMOTE": prefix, "FSSPEC_S3_ENDPOINT_URL": s3.endpoint,
+                "FSSPEC_S3_KEY": "testing", "FSSPEC_S3_SECRET": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1", "PYTHONPATH": str(REPO)})
+    found = []
+    for node in ("n0", "n1"):
+        proc = subprocess.run([sys.executable, "-c", FROM_THE_ENVIRONMENT, str(tmp_path / node)],
+                              env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        found.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert found[0]["computed"] == ["a", "bb", "ccc"] and found[1]["computed"] == []
+    location = Path(found[1]["location"])
+    assert location.parent == tmp_path / "n1" and "testing" not in str(location)
+    assert s3.requests("PUT", f"{BUCKET}/from-env/")  # written there, through the environment

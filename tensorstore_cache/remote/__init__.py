@@ -44,7 +44,16 @@ if TYPE_CHECKING:
         upload_store,
         withdraw_store,
     )
-    from .urls import file_url_path, is_url, node_dir, open_url_dir, remote_cache_root, url_dir
+    from .urls import (
+        file_url_path,
+        is_url,
+        node_dir,
+        open_url_dir,
+        redact,
+        remote_cache_root,
+        shared_scheme,
+        url_dir,
+    )
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
@@ -58,8 +67,8 @@ _MODULES = {
     "objects": ("DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "objects_at"),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
-    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "remote_cache_root",
-             "url_dir"),
+    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "redact",
+             "remote_cache_root", "shared_scheme", "url_dir"),
 }
 
 __all__ = [
@@ -96,9 +105,11 @@ __all__ = [
     "objects_at",
     "open_url_dir",
     "parse_manifest",
+    "redact",
     "remote_cache_root",
     "requested_cap",
     "shared_between_processes",
+    "shared_scheme",
     "stage",
     "staging_dir",
     "upload_file",

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import UnsafeRemoteError
-from .urls import file_url_path, filesystem, is_url
+from .urls import file_url_path, filesystem, is_url, redact, shared_scheme
 
 __all__ = ["DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "new_token", "objects_at"]
 
@@ -64,12 +64,19 @@ def _writing(rel: str, where: str, call: Callable[[], _T]) -> _T:
         return call()
     except WriteDeniedError:
         raise
-    except PermissionError as exc:
-        raise WriteDeniedError(errno.EACCES, f"{where!r}: writing {rel!r} was refused ({exc})") from None
+    except PermissionError:
+        denied = "AccessDenied"
     except OSError as exc:
         if exc.errno == errno.EROFS:
-            raise WriteDeniedError(errno.EROFS, f"{where!r} is read-only ({exc.strerror})") from None
-        raise
+            raise WriteDeniedError(errno.EROFS, f"{where!r} is read-only") from None
+        if _status(exc) != 403 and not str(exc).startswith("Forbidden"):  # gcsfs: "Forbidden"
+            raise
+        denied = "Forbidden"
+    except Exception as exc:  # adlfs passes the Azure SDK's own errors through
+        if _status(exc) != 403:
+            raise
+        denied = "AuthorizationPermissionMismatch"
+    raise WriteDeniedError(errno.EACCES, f"{where!r}: writing {rel!r} was refused (403 {denied})")
 
 
 def new_token() -> str:
@@ -216,10 +223,13 @@ def _retrying(call: Callable[[], _T]) -> _T:
 
 
 class S3Objects(Objects):
-    """Objects at an fsspec URL whose filesystem supports create-only writes (s3fs)."""
+    """Objects at an fsspec URL whose filesystem supports create-only writes: ``s3://``
+    (s3fs: ``If-None-Match: *``), ``gs://`` (gcsfs: ``ifGenerationMatch=0``), ``az://``
+    (adlfs: ``If-None-Match: *``); each answers a taken name with ``FileExistsError``.
+    ``url`` is kept with its credentials redacted (:func:`~.urls.redact`)."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
-        self.url = url
+        self.url = redact(url)
         self._fs, self._root = filesystem(url, storage_options)
         protocols = self._fs.protocol if isinstance(self._fs.protocol, tuple) else (
             self._fs.protocol,)
@@ -268,8 +278,11 @@ class S3Objects(Objects):
 
 
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status of the S3 answer behind ``exc`` (s3fs keeps botocore's error as the
-    cause), None if there was none."""
+    """The HTTP status of the answer behind ``exc`` (s3fs keeps botocore's error as the
+    cause; the Azure SDK's errors hold it), None if there was none."""
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, int):
+        return code
     cause = exc.__cause__
     response = getattr(cause, "response", None)
     if not isinstance(response, dict):
@@ -353,10 +366,18 @@ def _sync_dir(path: Path) -> None:
 
 
 def objects_at(remote: str, storage_options: Mapping[str, Any] | None) -> Objects:
-    """The objects under ``remote``: an fsspec URL, a ``file://`` URL or a directory path."""
+    """The objects under ``remote``: a URL of :data:`~.urls.SHARED_SCHEMES` (a ``file://``
+    URL too) or a directory path.
+
+    Raises
+    ------
+    ValueError
+        If the URL's scheme gives no create-only write (the message says what does).
+    """
     if is_url(remote):
-        local = file_url_path(remote)
-        if local is None:
+        if shared_scheme(remote) != "file":
             return S3Objects(remote.rstrip("/"), storage_options)
+        local = file_url_path(remote)
+        assert local is not None
         return DirectoryObjects(local, remote)
     return DirectoryObjects(Path(remote).absolute())

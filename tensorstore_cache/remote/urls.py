@@ -21,17 +21,85 @@ from .. import config
 from ..fs import Trust, open_dir, open_root
 
 __all__ = [
+    "SHARED_SCHEMES",
     "file_url_path",
     "filesystem",
     "is_url",
     "node_dir",
     "open_url_dir",
+    "redact",
     "remote_cache_root",
+    "shared_scheme",
     "url_dir",
     "version_name",
 ]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(::[A-Za-z][A-Za-z0-9+.\-]*)*://")
+#: Query parameters that carry a credential (an Azure SAS, a presigned S3 URL, a token).
+_SECRET_PARAMS = re.compile(
+    r"(?i)^(sig|signature|se|sp|sv|st|spr|srt|ss|sr|skoid|sktid|skt|ske|sks|skv|"
+    r"x-amz-.*|x-goog-.*|token|access_token|key|secret|password|credential|sas|code)$")
+
+_USERINFO = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://)[^:/?#@]*:.*@(?P<rest>[^@]*)$",
+                       re.DOTALL)
+
+#: The URL schemes a cache can be shared through by ``cached(remote=...)``, by the package
+#: that gives their create-only write: those of a store with conditional creates
+#: (``If-None-Match: *``, ``ifGenerationMatch=0``), and ``file`` (a shared directory).
+SHARED_SCHEMES: dict[str, str] = {
+    "s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+    "abfs": "adlfs", "abfss": "adlfs", "file": "",
+}
+
+
+def redact(url: str) -> str:
+    """``url`` with any credential in it replaced by ``***``: a ``user:password@`` part,
+    and every query parameter that may carry one (a SAS signature, a token).
+
+    Examples
+    --------
+    >>> redact("s3://AKIA:hunter2@bucket/prefix?versionId=3&X-Amz-Signature=abc")
+    's3://***@bucket/prefix?versionId=3&X-Amz-Signature=***'
+    """
+    if not is_url(url):
+        return url
+    # user:password@ before the host; a password may hold "/" (an AWS secret key), "?", "#"
+    user = _USERINFO.match(url)
+    if user is not None:
+        url = f"{user['head']}***@{user['rest']}"
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    query = "&".join(
+        f"{k}={'***' if _SECRET_PARAMS.match(urllib.parse.unquote(k)) else v}" if eq else k
+        for k, eq, v in (q.partition("=") for q in parts.query.split("&") if q))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def shared_scheme(url: str) -> str:
+    """The scheme of a ``remote=`` URL, checked (see :data:`SHARED_SCHEMES`).
+
+    Raises
+    ------
+    ValueError
+        If no store of that scheme is known to give create-only writes (the
+        message names the URL, credentials redacted, and what is supported), or
+        the URL holds credentials.
+    """
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in SHARED_SCHEMES:
+        raise ValueError(
+            f"remote={redact(url)!r}: a cache is shared only through a store with create-only "
+            "writes: s3:// (AWS S3, MinIO, Cloudflare R2, Ceph RGW), gs:// (Google Cloud "
+            "Storage), az:// or abfs:// (Azure Blob Storage), or a directory every machine "
+            "mounts (a path or file://); read stores at other URLs with open_store()"
+        )
+    if redact(url) != url:
+        raise ValueError(
+            f"remote={redact(url)!r} holds credentials, which its filesystem does not read "
+            "from a URL (and which would show wherever the URL is shown): give them in "
+            "storage_options= or the store's usual environment variables"
+        )
+    return scheme
 
 
 def is_url(path: object) -> bool:
@@ -114,8 +182,9 @@ if hasattr(os, "register_at_fork"):
 
 
 def url_dir(url: str) -> str:
-    """Cache directory name of a URL: a readable tail plus the hash of the whole URL."""
-    canonical = url.rstrip("/")
+    """Cache directory name of a URL: a readable tail plus the hash of the whole URL (its
+    credentials redacted first: a name never shows them)."""
+    canonical = redact(url).rstrip("/")
     tail = re.sub(r"[^A-Za-z0-9._-]", "_", canonical.rsplit("/", 1)[-1])[:48] or "store"
     return f"{tail}-{xxhash.xxh3_64_hexdigest(canonical.encode())}"
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     )
     from .node_cache import NodeCache, Removed, collect, requested_cap
     from .objects import DirectoryObjects, Objects, S3Objects, WriteDeniedError, objects_at
+    from .survey import RemoteCacheInfo, collect_remote, survey_prefix
     from .upload import (
         check_target,
         discard_files,
@@ -67,6 +68,7 @@ _MODULES = {
     "objects": ("DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "objects_at"),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
+    "survey": ("RemoteCacheInfo", "collect_remote", "survey_prefix"),
     "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "redact",
              "remote_cache_root", "shared_scheme", "url_dir"),
 }
@@ -81,6 +83,7 @@ __all__ = [
     "Objects",
     "PartRef",
     "REMOTE_VERSION",
+    "RemoteCacheInfo",
     "RemoteManifest",
     "RemoteNamespace",
     "RemoteStore",
@@ -93,6 +96,7 @@ __all__ = [
     "check_document",
     "check_target",
     "collect",
+    "collect_remote",
     "discard_files",
     "discard_upload",
     "document",
@@ -112,6 +116,7 @@ __all__ = [
     "shared_scheme",
     "stage",
     "staging_dir",
+    "survey_prefix",
     "upload_file",
     "upload_store",
     "url_dir",

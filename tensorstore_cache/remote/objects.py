@@ -35,13 +35,23 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import UnsafeRemoteError
 from .urls import file_url_path, filesystem, is_url, redact, shared_scheme
 
-__all__ = ["DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "new_token", "objects_at"]
+__all__ = [
+    "DirectoryObjects",
+    "ObjectInfo",
+    "Objects",
+    "S3Objects",
+    "WriteDeniedError",
+    "new_token",
+    "objects_at",
+]
 
 _T = TypeVar("_T")
 
@@ -51,6 +61,18 @@ ATTEMPTS = 8
 MAX_PAUSE = 4.0
 #: Largest object read as JSON (manifests, leases, hints).
 MAX_JSON = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """An object found by :meth:`Objects.list`."""
+
+    rel: str
+    """Its name under the prefix."""
+    size: int
+    """Its bytes."""
+    modified: float
+    """When it was last written, by the store's clock (seconds since the epoch)."""
 
 
 class WriteDeniedError(PermissionError):
@@ -105,6 +127,24 @@ class Objects:
 
     def _get_file(self, rel: str, local: Path) -> None:
         raise NotImplementedError
+
+    def _list(self) -> list[ObjectInfo]:
+        raise NotImplementedError
+
+    def _delete(self, rel: str) -> None:
+        raise NotImplementedError
+
+    def list(self, under: str = "") -> list[ObjectInfo]:
+        """Every object under the prefix whose name starts with ``under`` (for the tools:
+        the cache itself never lists)."""
+        return [o for o in _retrying(self._list) if o.rel.startswith(under)]
+
+    def delete(self, rel: str) -> None:
+        """Delete ``rel`` (absent already: nothing to do)."""
+        def call() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self._delete(rel)
+        _writing(rel, self.url, lambda: _retrying(call))
 
     def where(self, rel: str) -> str:
         """The URL (or path) of ``rel``, for messages."""
@@ -276,6 +316,19 @@ class S3Objects(Objects):
     def _get_file(self, rel: str, local: Path) -> None:
         self._fs.get_file(self._path(rel), str(local))
 
+    def _list(self) -> list[ObjectInfo]:
+        self._fs.invalidate_cache(self._root)
+        try:
+            found = self._fs.find(self._root, detail=True)
+        except FileNotFoundError:
+            return []
+        return [ObjectInfo(str(path)[len(self._root) + 1:], int(info.get("size") or 0),
+                           _when(info))
+                for path, info in found.items() if info.get("type", "file") == "file"]
+
+    def _delete(self, rel: str) -> None:
+        self._fs.rm_file(self._path(rel))
+
 
 def _status(exc: BaseException) -> int | None:
     """The HTTP status of the answer behind ``exc`` (s3fs keeps botocore's error as the
@@ -355,6 +408,36 @@ class DirectoryObjects(Objects):
 
     def _get_file(self, rel: str, local: Path) -> None:
         shutil.copyfile(self._path(rel), local)
+
+    def _list(self) -> list[ObjectInfo]:
+        out = []
+        for top, _dirs, files in os.walk(self.root):
+            for name in files:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    continue  # a create or an upload under way
+                path = Path(top) / name
+                with contextlib.suppress(FileNotFoundError):
+                    st = path.stat()
+                    out.append(ObjectInfo(path.relative_to(self.root).as_posix(), st.st_size,
+                                          st.st_mtime))
+        return out
+
+    def _delete(self, rel: str) -> None:
+        os.unlink(self._path(rel))
+
+
+def _when(info: Mapping[str, Any]) -> float:
+    """When an fsspec listing entry was last written (s3fs: ``LastModified``, adlfs:
+    ``last_modified``, gcsfs and local files: ``mtime``), seconds since the epoch."""
+    for name in ("LastModified", "last_modified", "mtime", "updated"):
+        value = info.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str) and value:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return 0.0
 
 
 def _sync_dir(path: Path) -> None:

@@ -50,7 +50,9 @@ if TYPE_CHECKING:
         is_url,
         node_dir,
         open_url_dir,
+        public_options,
         redact,
+        reduce_public,
         remote_cache_root,
         shared_scheme,
         url_dir,
@@ -69,7 +71,7 @@ _MODULES = {
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
     "survey": ("RemoteCacheInfo", "collect_remote", "survey_prefix"),
-    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "redact",
+    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "public_options", "redact", "reduce_public",
              "remote_cache_root", "shared_scheme", "url_dir"),
 }
 
@@ -109,7 +111,9 @@ __all__ = [
     "objects_at",
     "open_url_dir",
     "parse_manifest",
+    "public_options",
     "redact",
+    "reduce_public",
     "remote_cache_root",
     "requested_cap",
     "shared_between_processes",

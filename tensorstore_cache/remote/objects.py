@@ -65,7 +65,7 @@ MAX_JSON = 64 << 20
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """An object found by :meth:`Objects.list`."""
+    """An object found by :meth:`Objects.listing`."""
 
     rel: str
     """Its name under the prefix."""
@@ -134,7 +134,7 @@ class Objects:
     def _delete(self, rel: str) -> None:
         raise NotImplementedError
 
-    def list(self, under: str = "") -> list[ObjectInfo]:
+    def listing(self, under: str = "") -> list[ObjectInfo]:
         """Every object under the prefix whose name starts with ``under`` (for the tools:
         the cache itself never lists)."""
         return [o for o in _retrying(self._list) if o.rel.startswith(under)]

@@ -119,7 +119,7 @@ def survey_prefix(objects: Objects) -> list[RemoteCacheInfo]:
     One listing of the prefix, then for each namespace its current manifest
     and newest lease (two reads).
     """
-    spaces, _probes = _sorted(objects.list(""))
+    spaces, _probes = _sorted(objects.listing(""))
     now = time.time()
     out = []
     for ns in sorted(spaces.values(), key=lambda n: n.name):
@@ -163,7 +163,7 @@ def collect_remote(
     if older_than < 0:
         raise ValueError(f"older_than must not be negative, got {older_than!r}")
     now = time.time() if now is None else now
-    spaces, probes = _sorted(objects.list(""))
+    spaces, probes = _sorted(objects.listing(""))
     out: list[Removed] = []
 
     def drop(infos: list[ObjectInfo], kind: _Kind, reason: str) -> None:

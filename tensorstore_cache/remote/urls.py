@@ -7,6 +7,7 @@ URL>/<XXH3-128 of its group zarr.json>/`` and mapped from there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -27,7 +28,9 @@ __all__ = [
     "is_url",
     "node_dir",
     "open_url_dir",
+    "public_options",
     "redact",
+    "reduce_public",
     "remote_cache_root",
     "shared_scheme",
     "url_dir",
@@ -73,6 +76,44 @@ def redact(url: str) -> str:
         f"{k}={'***' if _SECRET_PARAMS.match(urllib.parse.unquote(k)) else v}" if eq else k
         for k, eq, v in (q.partition("=") for q in parts.query.split("&") if q))
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+#: Names of ``storage_options`` entries (at any depth) that hold a credential: s3fs's
+#: ``key``/``secret``/``token``, botocore's ``aws_*``, gcsfs's ``token``, adlfs's
+#: ``account_key``/``sas_token``/``connection_string``/``client_secret``/``credential``.
+_SECRET_OPTIONS = re.compile(
+    r"(?i)^(key|secret|token|password|passwd|credentials?|connection_string|sas_token|"
+    r"account_key|client_secret|session_token|aws_access_key_id|aws_secret_access_key|"
+    r"aws_session_token|access_token|refresh_token|private_key)$")
+
+
+def public_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``options`` without the entries that hold a credential (see :data:`_SECRET_OPTIONS`):
+    what a store's pickle keeps of its ``storage_options``. A process that unpickles it reads
+    with the credentials of its own environment (``AWS_*``, an instance role, ...).
+
+    Examples
+    --------
+    >>> public_options({"key": "AKIA", "secret": "s", "endpoint_url": "http://minio:9000",
+    ...                 "client_kwargs": {"region_name": "eu", "aws_session_token": "t"}})
+    {'endpoint_url': 'http://minio:9000', 'client_kwargs': {'region_name': 'eu'}}
+    """
+    if options is None:
+        return None
+    return {k: public_options(v) if isinstance(v, Mapping) else v
+            for k, v in options.items() if not _SECRET_OPTIONS.match(str(k))}
+
+
+def reduce_public(location: Any) -> tuple[Any, ...]:
+    """``__reduce__`` of a location dataclass with ``storage_options``: pickled with
+    :func:`public_options` of them, so that no pickle of a store holds a credential."""
+    fields = {f.name: getattr(location, f.name) for f in dataclasses.fields(location)}
+    fields["storage_options"] = public_options(fields["storage_options"])
+    return _construct, (type(location), fields)
+
+
+def _construct(cls: type[Any], fields: dict[str, Any]) -> Any:
+    return cls(**fields)
 
 
 def shared_scheme(url: str) -> str:

@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	# the CPU build first: a looser requirement alone would pull a multi-GB CUDA build
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[torch,pandas,dask,remote,bench,dev]'
+	# Azurite, the Azure Blob Storage emulator of the az:// tests (an npm package)
+	if command -v npm > /dev/null; then npm install --silent --no-audit --no-fund \
+	  --prefix $(VENV)/azurite azurite@3.37.0; else echo "no npm: the az:// tests will skip"; fi
 	touch $(STAMP)
 
 install: $(STAMP)

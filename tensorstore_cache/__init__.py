@@ -15,7 +15,7 @@ Examples
 """
 
 from ._api import build_store, cached, open_store, verify_store
-from .cache import CacheInfo, Removed, gc, list_caches
+from .cache import CacheInfo, RemoteCacheInfo, Removed, gc, list_caches
 from .config import __version__
 from .errors import (
     BuildError,
@@ -56,6 +56,7 @@ __all__ = [
     "Ragged",
     "Record",
     "ReentrantBuildError",
+    "RemoteCacheInfo",
     "Removed",
     "StaleSourceError",
     "StoreExistsError",

@@ -48,6 +48,7 @@ from .remote import (
     is_url,
     remote_cache_root,
     requested_cap,
+    shared_scheme,
 )
 from .writer import BuildOptions, build, build_to_url, normalize_fields
 
@@ -652,9 +653,12 @@ def _remote(
         if storage_options is not None:
             raise ValueError("storage_options= is given without remote= (or $TSC_REMOTE)")
         return None
-    if not is_url(where) and not os.path.isdir(where):
+    if is_url(where):
+        shared_scheme(where)  # a store without create-only writes is refused here
+    elif not os.path.isdir(where):
         raise ValueError(f"remote={where!r} is neither a URL nor an existing directory; give "
-                         "s3://bucket/prefix (any fsspec URL) or a directory every machine mounts")
+                         "s3://, gs:// or az:// with a bucket and prefix, or a directory every "
+                         "machine mounts")
     return RemoteOptions(url=where, storage_options=storage_options)
 
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .housekeeping import Removed, gc
     from .listing import CacheInfo, list_caches
     from .namespace import NamespaceDirectory, is_namespace
+    from .remote_tools import RemoteCacheInfo
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
@@ -24,12 +25,14 @@ _MODULES = {
     "housekeeping": ("Removed", "gc"),
     "listing": ("CacheInfo", "list_caches"),
     "namespace": ("NamespaceDirectory", "is_namespace"),
+    "remote_tools": ("RemoteCacheInfo",),
 }
 
 __all__ = [
     "CacheInfo",
     "CacheOptions",
     "NamespaceDirectory",
+    "RemoteCacheInfo",
     "RemoteOptions",
     "Removed",
     "cached_store",

@@ -260,7 +260,8 @@ class _Node:
         meanwhile or the remote refused the write."""
         try:
             # the store is probed before its first write (a node that only reads needs not)
-            check_conditional(self.rns.objects, probe_file(self.ns.root.parent, self.url))
+            check_conditional(self.rns.objects, probe_file(self.ns.root.parent, self.url),
+                              trust=self.ns.trust)
             return acquire(self.rns.objects, self.rns.rel("leases"), base.generation,
                            functools.partial(self.rns.exists, base.generation + 1), times,
                            deadline)

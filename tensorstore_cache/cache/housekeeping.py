@@ -32,6 +32,7 @@ import stat
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from .. import config
 from ..errors import CorruptStoreError, UntrustedCacheError
@@ -54,6 +55,7 @@ from ..writer import collect_debris
 from .listing import last_used, mtime, namespaces
 from .mirror import POINTER_SUFFIX
 from .namespace import Manifest, Namespace
+from .remote_tools import gc_remote
 
 logger = logging.getLogger("tensorstore_cache")
 
@@ -331,8 +333,11 @@ def gc(
     dry_run: bool = False,
     share_with: str | int | None = None,
     all_users: bool = False,
+    remote: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[Removed]:
-    """Delete what a cache directory no longer needs.
+    """Delete what a cache directory no longer needs (or, with ``remote``, a prefix shared by
+    ``cached(remote=...)``).
 
     Always: temporary directories of dead builders, parts that are no longer
     current and that no process maps (older than ``grace``), superseded
@@ -374,6 +379,16 @@ def gc(
         user's, and what is kept is logged (one warning, with the owners).
         Either way only what the system lets this process delete goes, and
         only that is reported.
+    remote
+        Collect this remote prefix instead of the cache directory (never
+        automatically, and never ``$TSC_REMOTE``): the parts that the current
+        generation of a namespace does not name, out of use for
+        ``older_than`` (required), old leases and store probes. Never a
+        manifest, nor a part the current generation names. Ages compare the
+        store's timestamps with this machine's clock. Only ``older_than``,
+        ``dry_run`` and ``storage_options`` apply.
+    storage_options
+        With ``remote``: options of its fsspec filesystem (credentials, ...).
 
     Returns
     -------
@@ -392,6 +407,8 @@ def gc(
     1
     """
     old = _seconds(older_than, "older_than")
+    if remote is not None:
+        return gc_remote(remote, storage_options, old, max_bytes=max_bytes, dry_run=dry_run)
     grace_s = _seconds(grace, "grace") or 0.0
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must not be negative, got {max_bytes!r}")

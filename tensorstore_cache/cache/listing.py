@@ -12,13 +12,15 @@ import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError, UntrustedCacheError
 from ..fs import Trust, describe_owner, disk_usage, is_held, open_root, read_holder, resolve_trust
 from ..reader import view_of
+from ..remote import RemoteCacheInfo
 from .namespace import Namespace
+from .remote_tools import list_remote
 
 __all__ = ["CacheInfo", "last_used", "list_caches", "mtime", "namespaces"]
 
@@ -162,10 +164,26 @@ def _short(exc: UntrustedCacheError, root: Path) -> str:
     return f"{where}: {exc.reason}"
 
 
+@overload
 def list_caches(
-    cache_dir: str | os.PathLike[str] | None = None, *, share_with: str | int | None = None
-) -> list[CacheInfo]:
-    """Describe every namespace of a cache directory.
+    cache_dir: str | os.PathLike[str] | None = None, *, share_with: str | int | None = None,
+    remote: None = None, storage_options: None = None,
+) -> list[CacheInfo]: ...
+
+
+@overload
+def list_caches(
+    cache_dir: str | os.PathLike[str] | None = None, *, share_with: str | int | None = None,
+    remote: str | os.PathLike[str], storage_options: dict[str, Any] | None = None,
+) -> list[RemoteCacheInfo]: ...
+
+
+def list_caches(
+    cache_dir: str | os.PathLike[str] | None = None, *, share_with: str | int | None = None,
+    remote: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[CacheInfo] | list[RemoteCacheInfo]:
+    """Describe every namespace of a cache directory (or of a remote prefix).
 
     Parameters
     ----------
@@ -176,13 +194,20 @@ def list_caches(
         List it as a cache shared with this group (see
         :func:`~tensorstore_cache.cached`; default ``$TSC_CACHE_GROUP``, else
         private): what ``refused`` reports depends on it.
+    remote
+        List this prefix shared by ``cached(remote=...)`` instead (a URL or a
+        shared directory; never ``$TSC_REMOTE``): each namespace's current
+        generation, its parts, and who holds its current lease, for how long.
+    storage_options
+        With ``remote``: options of its fsspec filesystem (credentials, ...).
 
     Returns
     -------
-    list of CacheInfo
-        Most recently used first. Damaged namespaces are listed with
-        ``loader_id="?"``; those ``cached()`` would refuse (another user's, or
-        writable by others) with ``refused`` set, their files not read.
+    list of CacheInfo, or of RemoteCacheInfo with ``remote``
+        Most recently used first (by name with ``remote``). Damaged namespaces
+        are listed with ``loader_id="?"``; those ``cached()`` would refuse
+        (another user's, or writable by others) with ``refused`` set, their
+        files not read.
 
     Examples
     --------
@@ -191,6 +216,8 @@ def list_caches(
     >>> [(c.item_shape, c.entries) for c in tsc.list_caches()]  # most recently used first
     [((3, 64, 64), 8), ((3, 32, 32), 8)]
     """
+    if remote is not None:
+        return list_remote(remote, storage_options)
     trust = resolve_trust(share_with)
     root = config.cache_root(cache_dir)
     top: UntrustedCacheError | None = None

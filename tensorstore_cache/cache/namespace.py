@@ -53,6 +53,7 @@ from ..fs import (
     write_replace,
 )
 from ..reader import CacheStore, MadeBy, SegmentSource, assemble
+from ..remote import reduce_public
 from .fingerprint import NAMESPACE_KIND, canonical_json
 from .mirror import node_part
 
@@ -485,6 +486,9 @@ class NamespaceParts:
     def shown(self) -> str:
         """The namespace directory."""
         return self.root
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_public(self)  # no credential in a pickle
 
     def open(self) -> CacheStore:
         """Open exactly these parts, pinned: the same rows, under the same rules."""

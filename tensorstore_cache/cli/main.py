@@ -34,6 +34,7 @@ from ..errors import (
     TensorStoreCacheError,
 )
 from ..fs import age_text, disk_usage
+from ..remote import redact
 from .parser import PROG, build_parser, parse_size
 
 __all__ = ["main", "parse_size"]
@@ -231,7 +232,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def _ls_remote(url: str, as_json: bool) -> int:
+    try:
+        caches = list_caches(remote=url)
+    except ValueError as exc:  # a URL of a store that cannot be shared
+        raise UsageError(str(exc)) from None
+    if as_json:
+        json.dump([dataclasses.asdict(c) for c in caches], sys.stdout, indent=2)
+        print()
+        return 0
+    if not caches:
+        print(f"no caches under {redact(url)}")
+        return 0
+    table = [("NAMESPACE", "GENERATION", "PARTS", "OBJECTS", "SIZE", "LEASE")]
+    for c in caches:
+        lease = "-" if c.lease is None else f"{c.lease}, written {age_text(c.lease_age or 0)} ago"
+        table.append((_printable(c.namespace), f"{c.generation} of {c.generations}",
+                      str(c.parts), str(c.objects), _human(c.bytes), _printable(lease)))
+    _print_table(table)
+    print(f"{len(caches)} cache(s) under {redact(url)}")
+    return 0
+
+
+def _print_table(table: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
+    if args.remote is not None:
+        return _ls_remote(args.remote, args.json)
     caches = list_caches(args.cache_dir, share_with=args.share_with)
     if args.json:
         out = []
@@ -264,9 +295,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             f"{age_text((now - c.last_used).total_seconds())} ago",
             _printable(note),
         ))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_table(table)
     total = sum(c.bytes for c in caches)
     print(f"{len(caches)} cache(s), {_human(total)} in {caches[0].path.rsplit('/', 1)[0]}")
     refused = sum(1 for c in caches if c.refused)
@@ -278,6 +307,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    if args.remote is not None and (args.older_than is None or args.max_size is not None):
+        raise UsageError("gc --remote collects by age only: give --older-than DAYS (parts out "
+                         "of use that long go), without --max-size")
     with _warnings_to_stderr():  # what gc kept of other users' files, and why
         removed = gc(
             args.cache_dir,
@@ -286,6 +318,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             share_with=args.share_with,
             all_users=args.all_users,
+            remote=args.remote,
         )
     verb = "would remove" if args.dry_run else "removed"
     for r in removed:

@@ -166,6 +166,10 @@ def _add_ls(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     p.add_argument("--share-with", metavar="GROUP", default=None,
                    help="list it as a cache shared with GROUP (default: $TSC_CACHE_GROUP, "
                         "else private)")
+    p.add_argument("--remote", metavar="URL", default=None,
+                   help="list the prefix shared by cached(remote=URL) instead: each cache's "
+                        "generation, parts, and its current lease's holder and age "
+                        "(credentials from the environment, e.g. AWS_* or FSSPEC_S3_*)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -194,6 +198,10 @@ def _add_gc(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="also delete other users' files, where the system allows it (a "
                         "member of a shared cache's group, or root); without it gc keeps "
                         "them and says so")
+    p.add_argument("--remote", metavar="URL", default=None,
+                   help="collect the prefix shared by cached(remote=URL) instead: parts no "
+                        "current generation names, out of use for --older-than DAYS "
+                        "(required), old leases and probes; never a manifest or a part in use")
 
 
 def _add_preview(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .ranges import RangeHolds, try_lock_range, unlock_range
     from .renames import exchange_dirs
     from .sizes import age_text, disk_usage
-    from .sources import RACY_NS, hash_many, identify, stat_many
+    from .sources import hash_many, identify, racy_since, stat_many
     from .temp import (
         TempName,
         collect_temps,
@@ -91,7 +91,7 @@ _MODULES = {
     ),
     "ranges": ("RangeHolds", "try_lock_range", "unlock_range"),
     "renames": ("exchange_dirs",),
-    "sources": ("RACY_NS", "hash_many", "identify", "stat_many"),
+    "sources": ("hash_many", "identify", "racy_since", "stat_many"),
     "sizes": ("age_text", "disk_usage"),
     "temp": (
         "TempName", "collect_temps", "delete_tree", "discard_tree", "parse_temp", "remove_temps", "remove_tree",
@@ -106,7 +106,6 @@ __all__ = [
     "EXPLICIT",
     "ExclusiveLock",
     "Holder",
-    "RACY_NS",
     "RangeHolds",
     "SharedHold",
     "TempName",
@@ -137,6 +136,7 @@ __all__ = [
     "open_sized",
     "parse_json_fd",
     "parse_temp",
+    "racy_since",
     "read_holder",
     "read_json",
     "remove_temps",

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-__all__ = ["RACY_NS", "hash_file", "hash_many", "identify", "stat_many"]
+__all__ = ["RACY_NS", "hash_file", "hash_many", "identify", "racy_since", "stat_many"]
 
 #: A source modified less than this before the stat that preceded its read (or later) is
 #: racily clean: its content hash is recorded too. Two seconds cover the coarsest
@@ -99,6 +99,12 @@ def hash_many(keys: Sequence[str]) -> npt.NDArray[np.uint64]:
         for part in pool.map(_hash_chunk, [keys[i : i + 64] for i in range(0, len(keys), 64)]):
             out.extend(part)
     return np.array(out, np.uint64)
+
+
+def racy_since(stat_ns: int) -> int:
+    """The first mtime (ns) at which a source stat'ed at ``stat_ns`` is racily clean: a later
+    change within the filesystem's timestamp tick could leave its stat unchanged."""
+    return stat_ns - RACY_NS
 
 
 def identify(key: str, *, content: bool) -> tuple[int, int, int]:

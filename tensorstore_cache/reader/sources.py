@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..config import Identity, IdentityKind, SourceCheck, check_mode
-from ..fs import RACY_NS, hash_many, stat_many
+from ..fs import hash_many, racy_since, stat_many
 
 __all__ = ["SeenSources", "SourceIdentity", "resolve_identity", "stale_mask", "token_map"]
 
@@ -105,7 +105,7 @@ def stale_mask(
     first (a stat it saw with that hash costs no read), else the source is
     read once, and a match is remembered in ``seen`` unless the source was
     modified too recently for its stat to tell a later change
-    (:data:`~tensorstore_cache.fs.RACY_NS`).
+    (:func:`~tensorstore_cache.fs.racy_since`).
 
     Parameters
     ----------
@@ -160,7 +160,7 @@ def stale_mask(
         if copied is not None and len(copied) and not by_content:
             assert seen is not None
             found = _same_bytes(subset, copied, size, mtime, sub_hashes, seen,
-                                stat_time - RACY_NS)
+                                racy_since(stat_time))
             got[copied[found]] = False
     stale[todo] = got
     return stale

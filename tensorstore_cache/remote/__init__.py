@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     )
     from .node_cache import NodeCache, Removed, collect, requested_cap
     from .objects import DirectoryObjects, Objects, S3Objects, WriteDeniedError, objects_at
+    from .survey import RemoteCacheInfo, collect_remote, survey_prefix
     from .upload import (
         check_target,
         discard_files,
@@ -44,7 +45,18 @@ if TYPE_CHECKING:
         upload_store,
         withdraw_store,
     )
-    from .urls import file_url_path, is_url, node_dir, open_url_dir, remote_cache_root, url_dir
+    from .urls import (
+        file_url_path,
+        is_url,
+        node_dir,
+        open_url_dir,
+        public_options,
+        redact,
+        reduce_public,
+        remote_cache_root,
+        shared_scheme,
+        url_dir,
+    )
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
@@ -58,8 +70,9 @@ _MODULES = {
     "objects": ("DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "objects_at"),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
-    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "remote_cache_root",
-             "url_dir"),
+    "survey": ("RemoteCacheInfo", "collect_remote", "survey_prefix"),
+    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "public_options", "redact", "reduce_public",
+             "remote_cache_root", "shared_scheme", "url_dir"),
 }
 
 __all__ = [
@@ -72,6 +85,7 @@ __all__ = [
     "Objects",
     "PartRef",
     "REMOTE_VERSION",
+    "RemoteCacheInfo",
     "RemoteManifest",
     "RemoteNamespace",
     "RemoteStore",
@@ -84,6 +98,7 @@ __all__ = [
     "check_document",
     "check_target",
     "collect",
+    "collect_remote",
     "discard_files",
     "discard_upload",
     "document",
@@ -96,11 +111,16 @@ __all__ = [
     "objects_at",
     "open_url_dir",
     "parse_manifest",
+    "public_options",
+    "redact",
+    "reduce_public",
     "remote_cache_root",
     "requested_cap",
     "shared_between_processes",
+    "shared_scheme",
     "stage",
     "staging_dir",
+    "survey_prefix",
     "upload_file",
     "upload_store",
     "url_dir",

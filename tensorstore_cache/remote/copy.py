@@ -31,7 +31,7 @@ from ..reader import CacheStore, SegmentSource, assemble
 from .fetch import fetch_store
 from .node_cache import HOLDS_SUFFIX
 from .shards import NodeShards
-from .urls import open_url_dir
+from .urls import open_url_dir, reduce_public
 
 __all__ = ["NodeCopy", "RemoteStore", "open_url", "version_source"]
 
@@ -60,6 +60,9 @@ class NodeCopy:
     def shown(self) -> str:
         """The version directory in the node cache."""
         return self.local
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_public(self)  # no credential in a pickle
 
     def open(self) -> CacheStore:
         """Open this node's copy if it still holds the version, else the URL again."""
@@ -198,6 +201,9 @@ class RemoteStore:
     def shown(self) -> str:
         """The URL."""
         return self.url
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_public(self)  # no credential in a pickle
 
     def open(self) -> CacheStore:
         """Fetch the current version's metadata and index (once per node), and open it."""

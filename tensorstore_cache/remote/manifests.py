@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 
 from ..errors import CorruptStoreError, StoreNotFoundError, UnsafeRemoteError
 from ..format import GROUP, GroupMetadata
-from ..fs import Trust, file_digest
+from ..fs import Trust, file_digest, make_dir, write_replace
 from .bundle import BUNDLE_SUFFIX, Bundle, pack_bundle
 from .documents import check_document, document
 from .objects import Objects, new_token
@@ -231,12 +230,16 @@ class RemoteNamespace:
             raise
 
 
-def check_conditional(objects: Objects, verdicts: Path, *, probe: bool = True) -> None:
+def check_conditional(
+    objects: Objects, verdicts: Path, *, probe: bool = True, trust: Trust | None = None
+) -> None:
     """Refuse a remote that ignores create-only writes; the verdict is kept in ``verdicts``.
 
     The probe creates one object twice: the second create must fail. A
     verdict found in ``verdicts`` (a file of the node cache) costs no request.
     With ``probe=False`` only such a verdict is checked (no request either way).
+    ``trust`` (the node cache's) gives the modes of the verdict's directory and file,
+    so that every member of a shared cache may write them (default: private).
 
     Raises
     ------
@@ -253,10 +256,11 @@ def check_conditional(objects: Objects, verdicts: Path, *, probe: bool = True) -
         # the raw answer: a lost response cannot turn "exists" into "created"
         again = json.dumps({**body, "writer": new_token()}, sort_keys=True).encode()
         verdict = first and not objects.create_raw(rel, again)
-        verdicts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = verdicts.with_name(f".{verdicts.name}.{new_token()}")
-        tmp.write_text(json.dumps({"url": objects.url, "honours_create_only": verdict}))
-        os.replace(tmp, verdicts)
+        mode = trust if trust is not None else Trust.private()
+        for parent in reversed([verdicts.parent, verdicts.parent.parent]):
+            make_dir(parent, mode)
+        text = json.dumps({"url": objects.url, "honours_create_only": verdict})
+        write_replace(verdicts, [memoryview(text.encode())], trust=mode)
     if not verdict:
         raise UnsafeRemoteError(
             f"the remote {objects.url!r} ignores create-only writes (If-None-Match: *): a "

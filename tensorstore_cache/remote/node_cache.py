@@ -418,8 +418,11 @@ class Removed:
 
     path: str
     """The file or directory."""
-    kind: Literal["namespace", "part", "debris", "manifest", "remote-shard", "remote-version"]
-    """What it was (``"remote-shard"`` and ``"remote-version"``: the node cache of remote stores)."""
+    kind: Literal["namespace", "part", "debris", "manifest", "remote-shard", "remote-version",
+                  "remote-part", "remote-lease", "remote-probe"]
+    """What it was (``"remote-shard"`` and ``"remote-version"``: the node cache of remote
+    stores; ``"remote-part"``, ``"remote-lease"``, ``"remote-probe"``: objects of a prefix
+    shared by ``cached(remote=...)``)."""
     bytes: int
     """Bytes it took on disk."""
     reason: str

@@ -35,13 +35,23 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import UnsafeRemoteError
-from .urls import file_url_path, filesystem, is_url
+from .urls import file_url_path, filesystem, is_url, redact, shared_scheme
 
-__all__ = ["DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "new_token", "objects_at"]
+__all__ = [
+    "DirectoryObjects",
+    "ObjectInfo",
+    "Objects",
+    "S3Objects",
+    "WriteDeniedError",
+    "new_token",
+    "objects_at",
+]
 
 _T = TypeVar("_T")
 
@@ -51,6 +61,18 @@ ATTEMPTS = 8
 MAX_PAUSE = 4.0
 #: Largest object read as JSON (manifests, leases, hints).
 MAX_JSON = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """An object found by :meth:`Objects.listing`."""
+
+    rel: str
+    """Its name under the prefix."""
+    size: int
+    """Its bytes."""
+    modified: float
+    """When it was last written, by the store's clock (seconds since the epoch)."""
 
 
 class WriteDeniedError(PermissionError):
@@ -64,12 +86,19 @@ def _writing(rel: str, where: str, call: Callable[[], _T]) -> _T:
         return call()
     except WriteDeniedError:
         raise
-    except PermissionError as exc:
-        raise WriteDeniedError(errno.EACCES, f"{where!r}: writing {rel!r} was refused ({exc})") from None
+    except PermissionError:
+        denied = "AccessDenied"
     except OSError as exc:
         if exc.errno == errno.EROFS:
-            raise WriteDeniedError(errno.EROFS, f"{where!r} is read-only ({exc.strerror})") from None
-        raise
+            raise WriteDeniedError(errno.EROFS, f"{where!r} is read-only") from None
+        if _status(exc) != 403 and not str(exc).startswith("Forbidden"):  # gcsfs: "Forbidden"
+            raise
+        denied = "Forbidden"
+    except Exception as exc:  # adlfs passes the Azure SDK's own errors through
+        if _status(exc) != 403:
+            raise
+        denied = "AuthorizationPermissionMismatch"
+    raise WriteDeniedError(errno.EACCES, f"{where!r}: writing {rel!r} was refused (403 {denied})")
 
 
 def new_token() -> str:
@@ -98,6 +127,24 @@ class Objects:
 
     def _get_file(self, rel: str, local: Path) -> None:
         raise NotImplementedError
+
+    def _list(self) -> list[ObjectInfo]:
+        raise NotImplementedError
+
+    def _delete(self, rel: str) -> None:
+        raise NotImplementedError
+
+    def listing(self, under: str = "") -> list[ObjectInfo]:
+        """Every object under the prefix whose name starts with ``under`` (for the tools:
+        the cache itself never lists)."""
+        return [o for o in _retrying(self._list) if o.rel.startswith(under)]
+
+    def delete(self, rel: str) -> None:
+        """Delete ``rel`` (absent already: nothing to do)."""
+        def call() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self._delete(rel)
+        _writing(rel, self.url, lambda: _retrying(call))
 
     def where(self, rel: str) -> str:
         """The URL (or path) of ``rel``, for messages."""
@@ -216,10 +263,13 @@ def _retrying(call: Callable[[], _T]) -> _T:
 
 
 class S3Objects(Objects):
-    """Objects at an fsspec URL whose filesystem supports create-only writes (s3fs)."""
+    """Objects at an fsspec URL whose filesystem supports create-only writes: ``s3://``
+    (s3fs: ``If-None-Match: *``), ``gs://`` (gcsfs: ``ifGenerationMatch=0``), ``az://``
+    (adlfs: ``If-None-Match: *``); each answers a taken name with ``FileExistsError``.
+    ``url`` is kept with its credentials redacted (:func:`~.urls.redact`)."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
-        self.url = url
+        self.url = redact(url)
         self._fs, self._root = filesystem(url, storage_options)
         protocols = self._fs.protocol if isinstance(self._fs.protocol, tuple) else (
             self._fs.protocol,)
@@ -266,10 +316,26 @@ class S3Objects(Objects):
     def _get_file(self, rel: str, local: Path) -> None:
         self._fs.get_file(self._path(rel), str(local))
 
+    def _list(self) -> list[ObjectInfo]:
+        self._fs.invalidate_cache(self._root)
+        try:
+            found = self._fs.find(self._root, detail=True)
+        except FileNotFoundError:
+            return []
+        return [ObjectInfo(str(path)[len(self._root) + 1:], int(info.get("size") or 0),
+                           _when(info))
+                for path, info in found.items() if info.get("type", "file") == "file"]
+
+    def _delete(self, rel: str) -> None:
+        self._fs.rm_file(self._path(rel))
+
 
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status of the S3 answer behind ``exc`` (s3fs keeps botocore's error as the
-    cause), None if there was none."""
+    """The HTTP status of the answer behind ``exc`` (s3fs keeps botocore's error as the
+    cause; the Azure SDK's errors hold it), None if there was none."""
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, int):
+        return code
     cause = exc.__cause__
     response = getattr(cause, "response", None)
     if not isinstance(response, dict):
@@ -343,6 +409,36 @@ class DirectoryObjects(Objects):
     def _get_file(self, rel: str, local: Path) -> None:
         shutil.copyfile(self._path(rel), local)
 
+    def _list(self) -> list[ObjectInfo]:
+        out = []
+        for top, _dirs, files in os.walk(self.root):
+            for name in files:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    continue  # a create or an upload under way
+                path = Path(top) / name
+                with contextlib.suppress(FileNotFoundError):
+                    st = path.stat()
+                    out.append(ObjectInfo(path.relative_to(self.root).as_posix(), st.st_size,
+                                          st.st_mtime))
+        return out
+
+    def _delete(self, rel: str) -> None:
+        os.unlink(self._path(rel))
+
+
+def _when(info: Mapping[str, Any]) -> float:
+    """When an fsspec listing entry was last written (s3fs: ``LastModified``, adlfs:
+    ``last_modified``, gcsfs and local files: ``mtime``), seconds since the epoch."""
+    for name in ("LastModified", "last_modified", "mtime", "updated"):
+        value = info.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str) and value:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
 
 def _sync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -353,10 +449,18 @@ def _sync_dir(path: Path) -> None:
 
 
 def objects_at(remote: str, storage_options: Mapping[str, Any] | None) -> Objects:
-    """The objects under ``remote``: an fsspec URL, a ``file://`` URL or a directory path."""
+    """The objects under ``remote``: a URL of :data:`~.urls.SHARED_SCHEMES` (a ``file://``
+    URL too) or a directory path.
+
+    Raises
+    ------
+    ValueError
+        If the URL's scheme gives no create-only write (the message says what does).
+    """
     if is_url(remote):
-        local = file_url_path(remote)
-        if local is None:
+        if shared_scheme(remote) != "file":
             return S3Objects(remote.rstrip("/"), storage_options)
+        local = file_url_path(remote)
+        assert local is not None
         return DirectoryObjects(local, remote)
     return DirectoryObjects(Path(remote).absolute())

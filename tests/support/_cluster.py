@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+import tensorstore_cache as tsc
+
 DIM = 8
 
 
@@ -110,8 +112,6 @@ def spec_env(log: Path, *, ttl: float | None = None, sleep: float = 0.0,
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
-    import tensorstore_cache as tsc
-
     keys: list[str] = spec["keys"]
     start = Path(spec["start"]) if spec.get("start") else None
     Path(spec["ready"]).touch()
@@ -131,18 +131,57 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         while not Path(spec["go"]).exists():
             time.sleep(0.01)
     got = store.take(store.rows(keys))
+    if spec.get("loader") == "records":  # the vectors, and each text field holds its key
+        assert [str(t) for t in got["key"]] == keys
+        got = got["vec"]
     want = np.stack([_bytes_value(Path(k).read_bytes()) if files else _value(k) for k in keys])
     wrong = int(np.sum(np.any(got != want, axis=1)))
     return {"ok": True, "wrong": wrong, "n": len(store), "content_reads": reads[0],
             "warnings": [str(w.message) for w in caught], "location": store.location}
 
 
+def record(key: str) -> dict[str, Any]:
+    """A record of ``key``: its :func:`vector` and the key itself as text; logged."""
+    return {"vec": vector(key), "key": key}
+
+
+def _log_keys(keys: list[str]) -> None:
+    log = os.environ.get("CLUSTER_LOG")
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, "".join(f"{k}\n" for k in keys).encode())
+        finally:
+            os.close(fd)
+
+
+class VecBatch(tsc.BatchLoader):
+    """The vectors of :func:`vector` a batch at a time, in a device worker; each key logged."""
+
+    loader_id = "cluster.batch/1"
+    item_shape = (DIM,)
+
+    def __call__(self, items: list[Any]) -> np.ndarray:
+        _log_keys([str(k) for k in items])
+        return np.stack([_value(str(k)) for k in items])
+
+
+def tokens(keys: list[str]) -> np.ndarray:
+    """Version tokens of the keys (``identity=`` a function): the same on every node."""
+    return np.array([xxhash.xxh64_intdigest(k.encode()) for k in keys], np.uint64)
+
+
 def _cached(tsc: Any, spec: dict[str, Any], keys: list[str], files: bool) -> Any:
+    kind = spec.get("loader", "vec")
+    loader: Any = {"file": file_vector, "records": record}.get(kind, vector)
+    if kind == "batch":
+        loader = VecBatch(batch_size=4, devices=["cpu"])
     return tsc.cached(
         keys, cache_dir=spec["cache_dir"], remote=spec["remote"],
-        storage_options=spec.get("storage_options"), loader=file_vector if files else vector,
-        loader_id="cluster.file/1" if files else "cluster.vec/1",
-        identity=spec.get("identity", "stat" if files else "none"), workers=1, progress=False,
+        storage_options=spec.get("storage_options"), loader=loader,
+        loader_id=None if kind == "batch" else f"cluster.{kind}/1",
+        identity=tokens if spec.get("identity") == "token"
+        else spec.get("identity", "stat" if files else "none"), workers=1, progress=False,
         on_error=spec.get("on_error", "raise"), lock_timeout=spec.get("lock_timeout"),
     )
 

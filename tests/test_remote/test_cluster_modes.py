@@ -7,10 +7,14 @@ access key ``readonly`` (as a bucket policy does); the node agents are
 
 from __future__ import annotations
 
+import logging
+import pickle
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
@@ -85,3 +89,41 @@ def test_an_unknown_mode_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValueError, match=r"TSC_REMOTE_MODE='readonly'"):
         tsc.cached(["a"], cache_dir=tmp_path / "c", remote=str(tmp_path), identity="none",
                    loader=lambda k: [1.0], loader_id="x/1", progress=False)
+
+
+def test_no_credential_shows(s3: S3Process, prefix: str, tmp_path: Path,
+                             caplog: pytest.LogCaptureFixture) -> None:
+    """The credentials of ``storage_options`` never appear in ``store.location``, a pickle of
+    the store, the node cache's files, a log line, a warning or an error; a URL holding
+    credentials is refused with them redacted."""
+    key, secret = "AKIDNODE7SEEKRIT", "wJalrXUtnFEMI/K7MDENG/SEEKRITKEY"
+    options = dict(s3.storage_options(), key=key, secret=secret)
+    caplog.set_level(logging.DEBUG, logger="tensorstore_cache")
+    cache = tmp_path / "cache"
+    shown: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store = tsc.cached(KEYS[:6], cache_dir=cache, remote=prefix, storage_options=options,
+                           loader=lambda k: np.ones(2, np.float32), loader_id="cred/1",
+                           identity="none", workers=1, progress=False)
+        shown += [store.location, repr(store), str(pickle.dumps(store))]
+        store.close()
+        s3.inject([Fault("denied", "", "PUT", count=-1, access_key=key)])
+        tsc.cached(KEYS, cache_dir=cache, remote=prefix, storage_options=options,
+                   loader=lambda k: np.ones(2, np.float32), loader_id="cred/1",
+                   identity="none", workers=1, progress=False).close()
+        s3.inject([Fault("ignore_conditions", "", "PUT", count=-1)])
+        with pytest.raises(tsc.UnsafeRemoteError) as refused:
+            tsc.cached(KEYS[:2], cache_dir=tmp_path / "other", remote=prefix + "/x",
+                       storage_options=options, loader=lambda k: np.ones(2, np.float32),
+                       loader_id="cred/1", identity="none", workers=1, progress=False)
+    with pytest.raises(ValueError) as in_url:
+        tsc.cached(["a"], cache_dir=cache, remote=f"s3://{key}:{secret}@{BUCKET}/p",
+                   loader=lambda k: [1.0], loader_id="cred/1", identity="none")
+    assert "***" in str(in_url.value)
+    assert len(caught) == 1 and prefix in str(caught[0].message)
+    shown += [str(w.message) for w in caught] + [caplog.text, str(refused.value),
+                                                  str(in_url.value)]
+    shown += [p.read_bytes().decode("latin-1") for p in cache.rglob("*") if p.is_file()]
+    for text in shown:
+        assert key not in text and secret not in text

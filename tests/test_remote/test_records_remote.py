@@ -260,9 +260,18 @@ def test_a_capped_node_cache_holds_while_every_record_is_read(
     assert _cache_bytes(cache) <= cap
 
 
+def _environment_credentials(monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]) -> None:
+    """A store pickles without the credentials of its storage_options: the process that
+    unpickles it reads with those of its environment (given here)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", options["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", options["secret"])
+
+
 def test_a_pickled_store_of_records_reopens_the_node_copy_without_requests(
-    s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path
+    s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _environment_credentials(monkeypatch, uploaded["options"])
     paths, _local = records_store
     store = tsc.open_store(URL, cache_dir=tmp_path / "cache", storage_options=uploaded["options"])
     assert _records.same(store[paths[11]], _records.expected(paths[11], boxes=True))
@@ -295,8 +304,9 @@ def _read_in_child(store: tsc.CacheStore, rows: list[int], out: Any) -> None:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_reader_processes_of_a_remote_store_of_records(
     s3: S3Process, uploaded: dict[str, Any], records_store: tuple[list[str], Path], tmp_path: Path,
-    method: str,
+    method: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _environment_credentials(monkeypatch, uploaded["options"])
     _paths, local = records_store
     meta: GroupMetadata = uploaded["meta"]
     reference = tsc.open_store(local)

@@ -1,0 +1,2 @@
+"""What copied sources cost with ``cached(remote=...)`` (``python -m benchmarks.cluster`` runs
+:mod:`.copied`)."""

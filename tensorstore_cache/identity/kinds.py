@@ -84,14 +84,15 @@ def atomic(obj: Any) -> bytes | None:
 def refusal(obj: Any) -> str | None:
     """Why ``obj`` has no content to name it by, if it has none."""
     torch = sys.modules.get("torch")
+    mro = type(obj).__mro__  # torch.Generator's isinstance() is slow: its metaclass's own
     if isinstance(obj, _GENERATORS):
         return "a generator, whose state is where it has got to"
     if isinstance(obj, io.IOBase):
         return "an open file"
-    if isinstance(obj, socket.socket):
+    if socket.socket in mro:
         return "a socket"
     if isinstance(obj, (random.Random, *_NP_RANDOM)) or (
-        torch is not None and isinstance(obj, torch.Generator)
+        torch is not None and torch.Generator in mro
     ):
         return "a random generator, whose state moves with every draw"
     if isinstance(obj, threading.Thread):
@@ -110,9 +111,13 @@ def sync_types() -> tuple[type, ...]:
     >>> isinstance(threading.Lock(), sync_types()), isinstance(queue.Queue(), sync_types())
     (True, True)
     """
+    return _sync_types(tuple(map(sys.modules.get, _SYNC)))
+
+
+@functools.lru_cache(maxsize=8)
+def _sync_types(modules: tuple[types.ModuleType | None, ...]) -> tuple[type, ...]:
     found = []
-    for module_name, names in _SYNC.items():
-        module = sys.modules.get(module_name)
+    for module, names in zip(modules, _SYNC.values(), strict=True):
         for name in names:
             cls = getattr(module, name, None)
             if isinstance(cls, type):

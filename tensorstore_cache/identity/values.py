@@ -173,13 +173,13 @@ class ValueWalk:
 
     def _dispatch(self, obj: Any, path: str, named: bool) -> bytes:
         """The digest of a value that is not atomic (:class:`.walk.Walker` adds code)."""
-        why = refusal(obj)
-        if why is not None:
-            raise self.refuse(path, obj, why)
         d = self._data(obj, path)
         if d is None:
             d = self._container(obj, path)
         if d is None:
+            why = refusal(obj)
+            if why is not None:
+                raise self.refuse(path, obj, why)
             return self._instance(obj, path)
         if named:
             self._record(path, "user", d)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..loaders import BatchLoader
 from .code import code_parts, reads, writes_enclosing
-from .kinds import METADATA, refusal
+from .kinds import METADATA
 from .origin import is_stdlib, is_user_class, is_user_file, is_user_module, library_name
 from .values import EXECUTION_SETTINGS, ValueWalk, digest
 
@@ -69,9 +69,6 @@ class Walker(ValueWalk):
     """Digests a loader and what it reads, recording its components."""
 
     def _dispatch(self, obj: Any, path: str, named: bool) -> bytes:
-        why = refusal(obj)
-        if why is not None:
-            raise self.refuse(path, obj, why)
         if isinstance(obj, types.FunctionType):
             return self.function(obj, path)
         if isinstance(obj, type):

@@ -130,13 +130,14 @@ def find(cls: type, name: str) -> type | None:
     return next((c for c in cls.__mro__ if name in vars(c)), None)
 
 
-def slot_names(cls: type) -> list[str]:
+@functools.lru_cache(maxsize=1024)
+def slot_names(cls: type) -> tuple[str, ...]:
     """The names of the slots of ``cls`` and its bases, sorted."""
     names: list[str] = []
     for c in cls.__mro__:
         slots = vars(c).get("__slots__", ())
         names.extend([slots] if isinstance(slots, str) else list(slots))
-    return sorted({n for n in names if n not in ("__dict__", "__weakref__")})
+    return tuple(sorted({n for n in names if n not in ("__dict__", "__weakref__")}))
 
 
 def state_kind(cls: type, user: Callable[[type], bool]) -> Literal["reduce", "getstate", "fields"]:

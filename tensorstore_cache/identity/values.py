@@ -16,6 +16,7 @@ import array
 import collections
 import copyreg
 import enum
+import functools
 import hashlib
 import sys
 import types
@@ -38,7 +39,7 @@ DEFAULT_CAP = 256 * 2**20
 MAX_DEPTH = 100
 #: Settings of where and how a BatchLoader runs, not of what it computes.
 EXECUTION_SETTINGS = frozenset({"batch_size", "devices", "device", "executor"})
-_HEAP, _IMMUTABLE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
+_POINTERS = 16  # what a class defined in Python adds beyond its slots: __dict__, __weakref__
 _LONG_PATH = 240
 
 
@@ -67,18 +68,31 @@ class Component:
     """Bytes of array or tensor data it holds."""
 
 
+@functools.lru_cache(maxsize=1024)
 def _hidden_state(cls: type) -> bool:
-    """Whether a class of ``cls``'s MRO keeps state in C, out of ``__dict__`` and slots."""
-    return any(c is not object and (not c.__flags__ & _HEAP or c.__flags__ & _IMMUTABLE)
-               and (c.__basicsize__ > object.__basicsize__ or c.__itemsize__)
-               for c in cls.__mro__)
+    """Whether a class of ``cls``'s MRO keeps state in C, out of ``__dict__`` and slots.
+
+    A class defined in Python adds to its base's size its slots and at most the
+    pointers to a ``__dict__`` and weak references; one that adds more (``int``,
+    ``BaseException``, an extension's or pybind11's object) holds state that
+    only its pickle reduction can give.
+    """
+    for c in cls.__mro__[:-1]:
+        base = c.__base__ or object
+        own = vars(c).get("__slots__", ())
+        slots = 1 if isinstance(own, str) else len(own)
+        if c.__itemsize__ != base.__itemsize__ or \
+                c.__basicsize__ - base.__basicsize__ - 8 * slots > _POINTERS:
+            return True
+    return False
 
 
 def _attributes(obj: Any) -> dict[str, Any] | None:
     """``obj``'s attributes and slots without wrapper metadata; None if it has neither."""
-    slots = slot_names(type(obj))
+    cls: type = type(obj)
+    slots = slot_names(cls)
     found = getattr(obj, "__dict__", None)
-    if not isinstance(found, dict) and not slots and _hidden_state(type(obj)):
+    if not isinstance(found, dict) and not slots and _hidden_state(cls):
         return None
     fields = dict(found) if isinstance(found, dict) else {}
     fields.update((n, getattr(obj, n)) for n in slots if hasattr(obj, n))
@@ -128,7 +142,7 @@ class ValueWalk:
 
     @staticmethod
     def _type_name(obj: Any) -> str:
-        cls = type(obj)
+        cls: type = type(obj)
         return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" \
             else cls.__qualname__
 
@@ -214,7 +228,7 @@ class ValueWalk:
         if torch is not None and isinstance(obj, (torch.dtype, torch.device)):
             return digest(b"torch", str(obj).encode())
         if isinstance(obj, enum.Enum):  # a flag's combination may have no name
-            cls = type(obj)
+            cls: type = type(obj)
             own = self.value(cls, f"{path} -> class {cls.__qualname__}")
             return digest(b"enum", own, str(obj._name_).encode(),
                           self.value(obj._value_, f"{path} -> value"))
@@ -263,7 +277,7 @@ class ValueWalk:
         return digest(b"subclass", own, *items, *extra)
 
     def _instance(self, obj: Any, path: str) -> bytes:
-        cls = type(obj)
+        cls: type = type(obj)
         own = self.value(cls, f"{path} -> class {cls.__qualname__}")
         if isinstance(obj, self._sync):  # a lock, a queue, an executor: by its type
             d = digest(b"by type", own)
@@ -279,7 +293,7 @@ class ValueWalk:
 
     def _state(self, obj: Any, path: str) -> list[bytes]:
         """``obj``'s state: its reduction (a library's), ``__getstate__``, or its fields."""
-        cls = type(obj)
+        cls: type = type(obj)
         fields = _attributes(obj)
         if fields is not None and "__wrapped__" in fields:  # functools.cache, a wraps() wrapper
             return self._named(fields, path)

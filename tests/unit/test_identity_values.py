@@ -186,16 +186,47 @@ def test_a_library_modules_value_by_its_state(
             cached.cache_clear()
 
 
-def test_a_torch_generator_is_refused(tmp_path: Path) -> None:
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_torch_generator_and_a_script_module_are_refused(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     gen = torch.Generator().manual_seed(0)
+    scripted = torch.jit.script(torch.nn.Linear(2, 2))  # its weights live in C++
 
     def noisy(path: str) -> Any:
         return torch.rand(2, generator=gen)
 
+    def compiled(path: str) -> Any:
+        return scripted(torch.zeros(2))
+
     with pytest.raises(tsc.UnnamedLoaderError, match="a random generator") as caught:
         tsc.loader_fingerprint(noisy)
     assert "<locals>.noisy -> closure gen (torch." in caught.value.path
+    with pytest.raises(tsc.UnnamedLoaderError, match="extension type") as caught:
+        tsc.loader_fingerprint(compiled)
+    assert "<locals>.compiled -> closure scripted -> " in caught.value.path
+
+
+@pytest.mark.parametrize(("source", "old", "new"), [
+    ("class Size(int):\n    pass\nSIZE = Size(32)\ndef load(p):\n    return SIZE\n", "32", "16"),
+    ("import decimal\nSTEP = decimal.Decimal('0.5')\ndef load(p):\n    return STEP\n",
+     "0.5", "0.25"),
+    ("import pandas as pd\nDF = pd.DataFrame({'x': [1.0, 2.0]})\ndef load(p):\n"
+     "    return DF['x'].iloc[0]\n", "[1.0, 2.0]", "[1.0, 3.0]"),
+    ("import collections\nD = collections.defaultdict(int)\ndef load(p):\n    return D[p]\n",
+     "defaultdict(int)", "defaultdict(float)"),
+], ids=["int-subclass", "decimal", "dataframe", "defaultdict-factory"])
+def test_state_kept_in_c_is_read_through_the_reduction(
+    tmp_path: Path, source: str, old: str, new: str
+) -> None:
+    if "pandas" in source:
+        pytest.importorskip("pandas")
+    loader = build(tmp_path, source)
+    first = tsc.loader_fingerprint(loader).loader_id
+    loader("a")  # using it (the defaultdict gains a key: its content, a new id after)
+    if "defaultdict" not in source:
+        assert tsc.loader_fingerprint(loader).loader_id == first
+    assert ident(tmp_path, source) == first
+    assert ident(tmp_path, source.replace(old, new)) != first
 
 
 def test_deep_nesting_is_refused_with_its_path(tmp_path: Path) -> None:

@@ -211,8 +211,11 @@ class ValueWalk:
         """Arrays, tensors, enums and other values of a known layout; None for others."""
         torch = sys.modules.get("torch")
         if isinstance(obj, np.ndarray):
-            if obj.dtype.hasobject:
-                raise self.refuse(path, obj, "an array of Python objects")
+            if obj.dtype.hasobject:  # strings of an older pandas' index, say: item by item
+                if obj.dtype != np.dtype(object):
+                    raise self.refuse(path, obj, "an array of records holding Python objects")
+                items = self.value(obj.ravel().tolist(), path)
+                return digest(b"object array", repr(obj.shape).encode(), items)
             return self._bytes(path, b"ndarray", str(obj.dtype.descr), obj.shape,
                                np.ascontiguousarray(obj))
         if isinstance(obj, (np.generic, np.dtype)):

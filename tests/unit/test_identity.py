@@ -200,9 +200,9 @@ def _generator() -> Any:
     (lambda tmp: np.random.default_rng(0), "a random generator"),
     (lambda tmp: __import__("random").Random(0), "a random generator"),
     (lambda tmp: sqlite3.connect(":memory:"), "an extension type"),
-    (lambda tmp: np.array([object()]), "an array of Python objects"),
+    (lambda tmp: np.zeros(2, dtype=[("a", object)]), "an array of records holding Python"),
 ], ids=["file", "socket", "generator", "numpy-rng", "random", "extension-object",
-        "object-array"])
+        "object-records"])
 def test_what_has_no_content_is_refused_with_its_path(
     tmp_path: Path, inner: Any, why: str
 ) -> None:

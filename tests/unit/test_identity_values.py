@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
@@ -250,6 +251,20 @@ def _frames() -> list[Any]:
         found.append(frame)
         frame = frame.f_back  # type: ignore[assignment]
     return found
+
+
+def test_an_object_array_by_its_items(tmp_path: Path) -> None:
+    source = "import numpy as np\nNAMES = np.array([['a', 'b'], ['c', None]], dtype=object)\n" \
+             "def load(p):\n    return NAMES[0, 1]\n"
+    first = ident(tmp_path, source)
+    assert ident(tmp_path, source) == first
+    assert ident(tmp_path, source.replace("'c'", "'d'")) != first
+    assert ident(tmp_path, source.replace("[['a', 'b'], ['c', None]]", "[['a', 'b', 'c', None]]")) \
+        != first  # the shape
+    held = np.array([1, (x for x in "ab")], dtype=object)
+    with pytest.raises(tsc.UnnamedLoaderError, match="a generator") as caught:
+        tsc.loader_fingerprint(lambda p: held[0])
+    assert caught.value.path.endswith("<lambda> -> closure held[1] (generator)")
 
 
 def test_the_cap_covers_python_containers(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from .format import (
     verify_segment,
 )
 from .fs import Trust, network_mount, resolve_trust
-from .identity import AUTO_PREFIX, loader_fingerprint
+from .identity import check_loader_id, loader_fingerprint
 from .loaders import BatchLoader, Loader, resolve_loader
 from .reader import (
     CacheStore,
@@ -592,10 +592,11 @@ def cached(
         content to name it by (an open file, a random generator, ...): the
         message gives the path to it.
     ValueError
-        If an option is invalid, or ``share_with`` names no group.
+        If an option is invalid (a ``loader_id``, argument or attribute, that
+        is empty or starts with ``auto:``), or ``share_with`` names no group.
     TypeError
-        If ``size`` is given with a custom loader, or ``executor`` with a
-        :class:`BatchLoader`.
+        If ``size`` is given with a custom loader, ``executor`` with a
+        :class:`BatchLoader`, or a ``loader_id`` that is not a string.
     PermissionError
         If you are not a member of the ``share_with`` group.
     UnsafeRemoteError
@@ -616,11 +617,13 @@ def cached(
     schema, names = normalize_fields(fields)
     batching = _batching(loader, executor)
     named = None  # a custom loader without an id is named by what it computes
-    if loader is not None and loader_id is None and getattr(loader, "loader_id", None) is None:
+    own_id = getattr(loader, "loader_id", None) if loader is not None else None
+    if loader_id is not None:
+        check_loader_id(loader_id)
+    elif own_id is not None:
+        check_loader_id(own_id, attribute=True)
+    elif loader is not None:
         named = loader_fingerprint(loader)  # a BatchLoader's prepare is its own attribute
-    elif isinstance(loader_id, str) and loader_id.startswith(AUTO_PREFIX):
-        raise ValueError(f"loader_id={loader_id!r}: ids starting with {AUTO_PREFIX!r} are the "
-                         "automatic ones (a loader without loader_id gets one); choose another")
     build_options = BuildOptions(
         **batching,
         loader=resolve_loader(loader, loader_id=named.loader_id if named else loader_id,

@@ -524,11 +524,10 @@ def resolve_loader(
     ident = loader_id if loader_id is not None else getattr(loader, "loader_id", None)
     if strict and (not isinstance(ident, str) or not ident.strip()):
         raise ValueError(
-            f"cached() needs a loader_id for the custom loader {name!r}: the cache keeps the "
-            "vectors of each transform apart by this name, and cannot derive one from code. "
+            f"cached() needs a loader_id for the custom loader {name!r}, a non-empty string "
+            f"(got {ident!r}): the cache keeps the vectors of each transform apart by this name. "
             "Pass loader_id='myproject.thumbnails/1' (change it whenever the loader's output "
-            "changes), and give the loader a `params` dict if it has parameters; or give the "
-            "loader a `loader_id` attribute"
+            "changes), or give the loader a `loader_id` attribute"
         )
     if not isinstance(ident, str) or not ident:
         ident = f"{getattr(loader, '__module__', '?')}.{name}"

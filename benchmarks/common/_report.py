@@ -42,8 +42,12 @@ def compile_sources() -> None:
 
 def environment() -> dict[str, Any]:
     """CPU, cores, RAM, Python and library versions of this machine."""
-    import psutil
+    try:
+        import psutil
 
+        ram = int(psutil.virtual_memory().total)
+    except ImportError:  # torchvision's environment (benchmarks.fingerprint) has no psutil
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -54,7 +58,7 @@ def environment() -> dict[str, Any]:
         "date": now(),
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
-        "ram_bytes": psutil.virtual_memory().total,
+        "ram_bytes": ram,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

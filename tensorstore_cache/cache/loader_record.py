@@ -8,9 +8,10 @@ which other machines compare), but what explains it. From it:
 
 * a loader whose name already has a namespace and gets a new one is told in
   one line why ("helper `resize_to` changed");
-* a name that got three new namespaces within a day is warned about
-  (:class:`~tensorstore_cache.LoaderFingerprintWarning`), naming the component
-  that moved each time: per-run state such as a global ``uuid4()``;
+* a name that got three new namespaces within a day, the same component
+  moving each time, is warned about
+  (:class:`~tensorstore_cache.LoaderFingerprintWarning`), naming that
+  component: per-run state such as a global ``uuid4()`` (or edits of it);
 * a namespace reused under other library versions is reported;
 * a loader whose fingerprint changed while it built is warned about.
 """
@@ -88,7 +89,8 @@ def before_build(cache_dir: Path, root: Path, fp: LoaderFingerprint, trust: Trus
 
     New (no record yet): one line saying what changed since the newest other
     namespace of the same loader name, and a warning if the name got
-    :data:`_PER_DAY` new namespaces within a day. Known: the libraries whose
+    :data:`_PER_DAY` new namespaces within a day, one component moving in each
+    (per-run state). Known: the libraries whose
     versions differ from those it was built under.
     """
     try:
@@ -107,14 +109,15 @@ def before_build(cache_dir: Path, root: Path, fp: LoaderFingerprint, trust: Trus
         logger.warning("tensorstore_cache: a new cache namespace for the loader %r: %s",
                        fp.name, why)
     recent = [r for r in others if time.time() - float(r.get("created", 0)) < _DAY_S]
-    if len(recent) >= _PER_DAY - 1:
-        moving = moving_components([r["components"] for r in recent] + [
-            [[c.path, c.origin, c.digest, c.nbytes] for c in fp.components]])
+    moving = moving_components([r["components"] for r in recent] + [
+        [[c.path, c.origin, c.digest, c.nbytes] for c in fp.components]])
+    if len(recent) >= _PER_DAY - 1 and moving:  # one component moved each time: not edits
         warnings.warn(
             f"the loader {fp.name!r} has had {len(recent) + 1} new cache namespaces within a "
-            f"day: its fingerprint depends on state made anew in each run "
-            f"({', '.join(moving[:3]) or 'see loader_fingerprint()'}); keep that value out of "
-            "the loader or give it a loader_id", LoaderFingerprintWarning, stacklevel=4)
+            f"day, each because {', '.join(moving[:3])} changed: if its fingerprint depends on "
+            "state made anew in each run (a global uuid4() or time()), keep that value out of "
+            "the loader or give it a loader_id; if you edited it each time, nothing is wrong",
+            LoaderFingerprintWarning, stacklevel=4)
     return True
 
 

@@ -22,20 +22,22 @@ if TYPE_CHECKING:
         AUTO_PREFIX,
         CAP_ENV,
         LoaderFingerprint,
+        check_loader_id,
         default_cap,
         explain_change,
         loader_fingerprint,
         loader_name,
         moving_components,
     )
-    from .walk import DEFAULT_CAP, EXECUTION_SETTINGS, Component
+    from .values import DEFAULT_CAP, EXECUTION_SETTINGS, Component
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
     "origin": ("distribution_version", "is_user_file"),
-    "report": ("AUTO_PREFIX", "CAP_ENV", "LoaderFingerprint", "default_cap", "explain_change",
+    "report": ("AUTO_PREFIX", "CAP_ENV", "LoaderFingerprint", "check_loader_id", "default_cap",
+               "explain_change",
                "loader_fingerprint", "loader_name", "moving_components"),
-    "walk": ("Component", "DEFAULT_CAP", "EXECUTION_SETTINGS"),
+    "values": ("Component", "DEFAULT_CAP", "EXECUTION_SETTINGS"),
 }
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "DEFAULT_CAP",
     "EXECUTION_SETTINGS",
     "LoaderFingerprint",
+    "check_loader_id",
     "default_cap",
     "distribution_version",
     "explain_change",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dis
+import functools
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +46,13 @@ class CodeReads:
     """Globals the code assigns itself (``global _MODEL``): named by name only."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _listing(code: types.CodeType) -> tuple[dis.Instruction, ...]:
+    """``code``'s instructions without ``EXTENDED_ARG`` and ``CACHE`` (read once per code)."""
+    return tuple(i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG",
+                                                                           "CACHE"))
+
+
 def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
     yield code
     for const in code.co_consts:
@@ -65,9 +73,7 @@ def reads(code: types.CodeType) -> CodeReads:
     found = CodeReads()
     for co in _nested(code):
         chain: list[str] = []
-        for ins in dis.get_instructions(co):
-            if ins.opname in ("EXTENDED_ARG", "CACHE"):
-                continue
+        for ins in _listing(co):
             if ins.opname in _LOADS:
                 if chain:
                     found.chains.add(tuple(chain))
@@ -87,7 +93,7 @@ def reads(code: types.CodeType) -> CodeReads:
 
 def writes_enclosing(code: types.CodeType) -> str | None:
     """The name of an enclosing variable ``code`` assigns (``nonlocal``), if any."""
-    for ins in dis.get_instructions(code):
+    for ins in _listing(code):
         if ins.opname in _CELL_WRITES and ins.argval in code.co_freevars:
             return str(ins.argval)
     return None
@@ -105,7 +111,7 @@ def _instructions(code: types.CodeType, constant: Callable[[int], bytes]) -> byt
     instruction that refers to a constant carries ``constant(index)``, the
     constant's digest: indices shift when a docstring is added or removed.
     """
-    listing = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
+    listing = _listing(code)
     index = {ins.offset: n for n, ins in enumerate(listing)}
     offsets = sorted(index)
 

@@ -19,7 +19,14 @@ import sysconfig
 import types
 from typing import Any
 
-__all__ = ["distribution_version", "is_user_file", "is_user_module", "library_name"]
+__all__ = [
+    "distribution_version",
+    "is_stdlib",
+    "is_user_class",
+    "is_user_file",
+    "is_user_module",
+    "library_name",
+]
 
 
 @functools.cache
@@ -64,6 +71,38 @@ def is_user_module(module: types.ModuleType) -> bool:
         return False
     file = getattr(module, "__file__", None)
     return is_user_file(file if isinstance(file, str) else None)
+
+
+def is_user_class(cls: type) -> bool:
+    """Whether ``cls`` is the user's own: decided by the module it was defined in.
+
+    A class's members say nothing of where it was written (an ``Enum``'s first
+    function is the standard library's, a ``NamedTuple``'s or a slots
+    dataclass's too), its module does: the user's own module (``__main__``
+    included), else a library's. A class whose module is not imported (code
+    run with ``exec`` under a name of its own) is the user's unless a function
+    written in its body lies in a library file.
+
+    Examples
+    --------
+    >>> import json
+    >>> is_user_class(json.JSONDecoder), is_user_class(int)
+    (False, False)
+    """
+    module = sys.modules.get(cls.__module__)
+    if module is not None:
+        return is_user_module(module)
+    prefix = f"{cls.__qualname__}."
+    for member in vars(cls).values():
+        fn = getattr(member, "__func__", member)
+        if isinstance(fn, types.FunctionType) and fn.__qualname__.startswith(prefix):
+            return is_user_file(fn.__code__.co_filename)
+    return True
+
+
+def is_stdlib(module_name: str) -> bool:
+    """Whether ``module_name`` belongs to the standard library."""
+    return module_name.partition(".")[0] in sys.stdlib_module_names
 
 
 def library_name(obj: Any) -> str:

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .origin import distribution_version
-from .walk import DEFAULT_CAP, Component, Walker, digest
+from .values import DEFAULT_CAP, Component, digest
+from .walk import Walker
 
 __all__ = [
     "AUTO_PREFIX",
     "CAP_ENV",
     "LoaderFingerprint",
+    "check_loader_id",
     "default_cap",
     "explain_change",
     "loader_fingerprint",
@@ -39,7 +41,7 @@ __all__ = [
 AUTO_PREFIX = "auto:"
 #: Environment variable overriding :data:`~.walk.DEFAULT_CAP` (bytes; ``K``/``M``/``G`` suffixes).
 CAP_ENV = "TSC_FINGERPRINT_CAP"
-_VERSION = b"tensorstore_cache.loader-fingerprint/1"
+_VERSION = b"tensorstore_cache.loader-fingerprint/2"
 
 
 def default_cap() -> int:
@@ -58,6 +60,42 @@ def default_cap() -> int:
     if not number.isdigit():
         raise ValueError(f"{CAP_ENV}={text!r} must be a whole number of bytes, e.g. 512M")
     return int(number) * scale
+
+
+def check_loader_id(loader_id: object, attribute: bool = False) -> str:
+    """An explicit loader id, checked: a string, not empty, not starting with ``auto:``.
+
+    ``attribute``: it is the loader's ``loader_id`` attribute, not the argument.
+
+    Raises
+    ------
+    TypeError
+        If it is not a string.
+    ValueError
+        If it is empty or starts with ``auto:`` (the automatic ids' prefix).
+
+    Examples
+    --------
+    >>> check_loader_id("myproject.thumbs/1")
+    'myproject.thumbs/1'
+    >>> check_loader_id("", attribute=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: the loader's loader_id attribute '' is empty: give a name such as ...
+    """
+    given = f"the loader's loader_id attribute {loader_id!r}" if attribute \
+        else f"loader_id={loader_id!r}"
+    if not isinstance(loader_id, str):
+        raise TypeError(f"{given} must be a string naming what the loader computes, such as "
+                        "'myproject.thumbs/1'")
+    if not loader_id.strip():
+        raise ValueError(f"{given} is empty: give a name such as 'myproject.thumbs/1' (change "
+                         "it whenever the loader's output changes), or none at all, and the "
+                         "loader is named by what it computes")
+    if loader_id.startswith(AUTO_PREFIX):
+        raise ValueError(f"{given}: ids starting with {AUTO_PREFIX!r} are the automatic ones (a "
+                         "loader without a loader_id gets one); choose another")
+    return loader_id
 
 
 def loader_name(fn: Any) -> str:
@@ -177,13 +215,17 @@ def loader_fingerprint(
     )
 
 
+def _innermost(paths: list[str]) -> list[str]:
+    """The paths none of whose own parts (``p -> ...``, ``p.x``, ``p[k]``) are listed too."""
+    return [p for p in paths if not any(q.startswith((f"{p} -> ", f"{p}.", f"{p}["))
+                                        for q in paths)]
+
+
 def _changes(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
     changed = [p for p in new if p in old and old[p] != new[p]]
     changed += [p for p in new if p not in old]
     changed += [p for p in old if p not in new]
-    # the innermost: a component none of whose own parts changed too
-    return [p for p in changed if not any(q.startswith((f"{p} -> ", f"{p}.", f"{p}["))
-                                          for q in changed)]
+    return _innermost(changed)
 
 
 def _describe(path: str, old: Mapping[str, str], new: Mapping[str, str]) -> str:
@@ -218,11 +260,14 @@ def explain_change(old: Iterable[Component | list[Any]], new: Iterable[Component
 
 
 def moving_components(runs: Iterable[Iterable[list[Any]]]) -> list[str]:
-    """The paths of components whose digest differs in every one of several fingerprints."""
+    """The paths of components whose digest differs in every one of several fingerprints.
+
+    The innermost only: a component none of whose own parts moved each time too.
+    """
     seen: dict[str, set[str]] = {}
     count = 0
     for components in runs:
         count += 1
         for c in components:
             seen.setdefault(str(c[0]), set()).add(str(c[2]))
-    return [p for p, digests in seen.items() if len(digests) == count and count > 1]
+    return _innermost([p for p, digests in seen.items() if len(digests) == count > 1])

@@ -140,6 +140,68 @@ def test_three_new_namespaces_in_a_day_are_warned_about(tmp_path: Path) -> None:
     assert "per_run -> closure state" in str(caught[0].message)
 
 
+PER_RUN = """
+import os, sys, time, uuid
+import numpy as np
+import tensorstore_cache as tsc
+
+RUN = {value}
+OFFSET = 1.0
+
+def tagged(path):
+    return np.full(2, len(str(RUN)) + OFFSET, np.float32)
+
+tsc.cached(sys.argv[1:], loader=tagged, cache_dir=os.environ["CACHE"], workers=1,
+           progress=False, identity="none")
+"""
+
+
+@pytest.mark.parametrize("value", ["uuid.uuid4()", "time.time()"])
+def test_per_run_state_is_warned_about_across_processes(tmp_path: Path, value: str) -> None:
+    errs = [_agent(tmp_path, PER_RUN.format(value=value), ["a"], "1")[1] for _ in range(3)]
+    assert "LoaderFingerprintWarning" not in errs[0] + errs[1]
+    assert "a new cache namespace for the loader 'tagged': " in errs[1]
+    assert "(tagged -> global RUN" in errs[1]  # a uuid's .int, the time's value
+    assert "LoaderFingerprintWarning: the loader 'tagged' has had 3 new cache namespaces " \
+           "within a day, each because tagged -> global RUN" in errs[2]
+    assert len(tsc.list_caches(tmp_path / "cache")) == 3
+
+
+def test_edits_of_different_parts_are_not_per_run_state(tmp_path: Path) -> None:
+    source = PER_RUN.format(value="'fixed'")
+    for old, new in [("", ""), ("OFFSET = 1.0", "OFFSET = 2.0"), ("'fixed'", "'fixed2'")]:
+        _, err = _agent(tmp_path, source.replace(old, new) if old else source, ["a"], "1")
+        assert "LoaderFingerprintWarning" not in err
+    assert len(tsc.list_caches(tmp_path / "cache")) == 3
+
+
+LOGGING = """
+import logging, os, sys, warnings
+import numpy as np
+import tensorstore_cache as tsc
+
+log = logging.getLogger("myproject.loader")
+logging.basicConfig(level=logging.DEBUG)  # a handler on an open stream behind every logger
+warnings.simplefilter("error")  # "changed while it computed" would fail the run
+
+def load(path):
+    log.debug("loading %s", path)
+    return np.full(2, len(path), np.float32)
+
+for _ in range(3):
+    tsc.cached(sys.argv[1:], loader=load, cache_dir=os.environ["CACHE"], workers=1,
+               progress=False, identity="none")
+    logging.getLogger(f"another.{_}")
+print("NAMESPACES", len(tsc.list_caches(os.environ["CACHE"])))
+"""
+
+
+def test_a_logger_the_loader_uses_keeps_one_namespace(tmp_path: Path) -> None:
+    out, err = _agent(tmp_path, LOGGING, ["a", "bb"], "1")
+    assert "NAMESPACES 1" in out and "loading bb" in err
+    assert "new cache namespace" not in err
+
+
 class _Counting:
     def __init__(self) -> None:
         self.calls = 0

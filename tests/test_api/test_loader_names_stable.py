@@ -172,3 +172,106 @@ def test_a_notebook_cell_re_executed_and_edited(
         found += _ids("".join(o.get("text", "") for o in cell.outputs
                               if o.get("output_type") == "stream"))
     assert found == [reference] * 3
+
+
+# A loader reading what a script and an import name differently (__main__ or the module) and
+# what iterates in hash-seed order: the user's enum, named tuple, slots dataclass, a
+# functools.cache helper, a logger, a compiled pattern, a frozenset constant; and a lambda.
+VALUES = '''\
+import dataclasses
+import enum
+import functools
+import logging
+import re
+from typing import NamedTuple
+
+import tensorstore_cache as tsc
+
+log = logging.getLogger("covers.loader")
+logging.basicConfig()  # a handler on an open stream behind every logger
+
+
+class Mode(enum.Enum):
+    GREY = 1
+    RGB = 3
+
+
+class Size(NamedTuple):
+    height: int = 8
+    width: int = 8
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    size: Size = Size()
+    mode: Mode = Mode.RGB
+
+
+CONFIG = Config()
+DIGITS = re.compile(r"\\d+")
+
+
+@functools.cache
+def weights(n):
+    """Weights by position."""
+    return tuple(1.0 / (i + 1) for i in range(n))
+
+
+def load(path):
+    log.debug("loading %s", path)
+    vowel = path[-1] in {"a", "e", "i", "o", "u", "y", "w"}
+    number = sum(int(d) for d in DIGITS.findall(path))
+    area = CONFIG.size.height * CONFIG.size.width * CONFIG.mode.value
+    return [area * w + vowel + number for w in weights(3)]
+
+
+SQUARE = lambda path: len(path) ** 2  # noqa: E731
+'''
+SHOW_BOTH = ("print('ID', tsc.loader_fingerprint(load).loader_id + '+' "
+             "+ tsc.loader_fingerprint(SQUARE).loader_id)\n")
+
+
+@pytest.fixture(scope="module")
+def values_reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    where = tmp_path_factory.mktemp("values")
+    (where / "loader_script.py").write_text(VALUES + SHOW_BOTH)
+    return _run([sys.executable, str(where / "loader_script.py")], where, "0")
+
+
+@pytest.mark.parametrize(("how", "seed"), [
+    ("script", "1"), ("-c", "2"), ("stdin", "3"), ("import", "4"), ("import", "random"),
+])
+def test_the_users_classes_wrappers_and_sets_in_every_fresh_interpreter(
+    tmp_path: Path, values_reference: str, how: str, seed: str
+) -> None:
+    if how == "import":  # the classes' __module__ is covers_values, not __main__
+        (tmp_path / "covers_values.py").write_text(VALUES)
+        show = "import covers_values as m, tensorstore_cache as tsc\n" + SHOW_BOTH.replace(
+            "(load)", "(m.load)").replace("(SQUARE)", "(m.SQUARE)")
+        got = _run([sys.executable, "-c", show], tmp_path, seed)
+    elif how == "script":
+        (tmp_path / "loader_script.py").write_text(VALUES + SHOW_BOTH)
+        got = _run([sys.executable, str(tmp_path / "loader_script.py")], tmp_path, seed)
+    else:
+        args = [sys.executable, "-c", VALUES + SHOW_BOTH] if how == "-c" else [sys.executable, "-"]
+        got = _run(args, tmp_path, seed, stdin=VALUES + SHOW_BOTH if how == "stdin" else None)
+    assert got == values_reference
+    assert got.startswith("auto:load/") and "+auto:<lambda>/" in got
+
+
+@pytest.mark.parametrize(("old", "new", "same"), [
+    ('"""Weights by position."""', '"""Weights by position, edited."""', True),
+    ("RGB = 3", "RGB = 4", False),
+    ("width: int = 8", "width: int = 9", False),
+    ('"y", "w"}', '"y"}', False),
+    ("(i + 1)", "(i + 2)", False),
+], ids=["helper-docstring", "enum-value", "named-tuple-default", "frozenset-member",
+        "cached-helper-body"])
+def test_edits_to_the_users_classes_and_wrappers_in_fresh_processes(
+    tmp_path: Path, values_reference: str, old: str, new: str, same: bool
+) -> None:
+    assert old in VALUES
+    script = tmp_path / "loader_script.py"
+    script.write_text(VALUES.replace(old, new) + SHOW_BOTH)
+    got = _run([sys.executable, str(script)], tmp_path, "5").partition("+")[0]
+    assert (got == values_reference.partition("+")[0]) == same

@@ -9,13 +9,10 @@ tests/test_api/test_loader_names_stable.py.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import io
-import itertools
 import socket
 import sqlite3
 import sys
-import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,35 +22,7 @@ import pytest
 
 import tensorstore_cache as tsc
 from tensorstore_cache.identity import explain_change, moving_components
-
-_count = itertools.count()
-
-
-def build(tmp: Path, source: str, name: str = "load", **modules: str) -> Any:
-    """Run ``source`` as a script's main module in a new directory; return its ``name``."""
-    where = tmp / f"v{next(_count)}"
-    where.mkdir()
-    for module_name, text in modules.items():
-        (where / f"{module_name}.py").write_text(textwrap.dedent(text))
-        sys.modules.pop(module_name, None)
-    main = where / "main.py"
-    main.write_text(textwrap.dedent(source))
-    sys.path.insert(0, str(where))
-    try:
-        spec = importlib.util.spec_from_file_location(f"main_{next(_count)}", main)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(where))
-        for module_name in modules:
-            sys.modules.pop(module_name, None)
-    return getattr(module, name)
-
-
-def ident(tmp: Path, source: str, **modules: str) -> str:
-    return tsc.loader_fingerprint(build(tmp, source, **modules)).loader_id
-
+from tests.support._loader_source import build, ident
 
 BASE = """
 import numpy as np
@@ -231,9 +200,9 @@ def _generator() -> Any:
     (lambda tmp: np.random.default_rng(0), "a random generator"),
     (lambda tmp: __import__("random").Random(0), "a random generator"),
     (lambda tmp: sqlite3.connect(":memory:"), "an extension type"),
-    (lambda tmp: np.array([object()]), "an array of Python objects"),
+    (lambda tmp: np.zeros(2, dtype=[("a", object)]), "an array of records holding Python"),
 ], ids=["file", "socket", "generator", "numpy-rng", "random", "extension-object",
-        "object-array"])
+        "object-records"])
 def test_what_has_no_content_is_refused_with_its_path(
     tmp_path: Path, inner: Any, why: str
 ) -> None:

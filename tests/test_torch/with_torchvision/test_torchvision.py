@@ -7,6 +7,7 @@ Runs in ``.venv-torchvision`` (``make test-torchvision``, part of ``make test``)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,13 +19,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torchvision import transforms
+from torchvision import models, transforms
 from torchvision.transforms import v2
 
 import tensorstore_cache as tsc
+from tensorstore_cache.identity import explain_change
 from tensorstore_cache.torch import StoreDataset
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HANG_GUARD_S = 300
 
 
@@ -140,21 +142,23 @@ def test_a_compose_keeps_its_namespace_across_processes(tmp_path: Path) -> None:
     assert _compose_id(tmp_path, moved, "3") == first
 
 
-@pytest.mark.parametrize(("old", "new"), [
-    ("Resize((32, 32)", "Resize((32, 30)"),
-    ("antialias=True", "antialias=False"),
-    ("InterpolationMode.BILINEAR", "InterpolationMode.BICUBIC"),
-    ("mean=(0.5, 0.5, 0.5)", "mean=(0.5, 0.4, 0.5)"),
-    ("img.width - 2", "img.width - 3"),
+@pytest.mark.parametrize(("old", "new", "why"), [
+    ("Resize((32, 32)", "Resize((32, 30)", "`.size` changed (Compose -> .transforms[1] -> .size)"),
+    ("antialias=True", "antialias=False", "`.antialias` changed"),
+    ("InterpolationMode.BILINEAR", "InterpolationMode.BICUBIC", "`.interpolation` changed"),
+    ("mean=(0.5, 0.5, 0.5)", "mean=(0.5, 0.4, 0.5)", "`.mean` changed"),
+    ("img.width - 2", "img.width - 3", "`.lambd` changed (Compose -> .transforms[0] -> .lambd)"),
 ], ids=["resize-size", "antialias", "interpolation", "normalize-mean", "lambda-function"])
 def test_a_compose_gets_a_new_namespace_when_a_transform_changes(
-    tmp_path: Path, old: str, new: str
+    tmp_path: Path, old: str, new: str, why: str
 ) -> None:
     assert old in COMPOSE
     loader, changed = _compose(COMPOSE), _compose(COMPOSE.replace(old, new))
-    assert tsc.loader_fingerprint(loader).loader_id == tsc.loader_fingerprint(
-        _compose(COMPOSE)).loader_id
-    assert tsc.loader_fingerprint(loader).loader_id != tsc.loader_fingerprint(changed).loader_id
+    first = tsc.loader_fingerprint(loader)
+    assert first.loader_id == tsc.loader_fingerprint(_compose(COMPOSE)).loader_id
+    moved = tsc.loader_fingerprint(changed)
+    assert first.loader_id != moved.loader_id
+    assert why in explain_change(first.components, moved.components)  # the one line shown
     if old.startswith("img"):  # what repr() cannot see
         assert repr(loader.transforms[0]) == repr(changed.transforms[0]) == "Lambda()"
 
@@ -201,3 +205,21 @@ def test_a_v2_transform_as_a_batch_transform_seeded_per_batch(tmp_path: Path) ->
             assert all(flipped) or all(kept)
             seen.add(all(flipped))
     assert seen == {True, False}
+
+
+def test_the_fingerprint_benchmark_writes_stamped_figures(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fingerprint", "--calls", "2", "--results",
+         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "fingerprint.json").read_text())
+    assert set(report["cases"]) == {"image_vector", "compose4", "labels_100k", "resnet18"}
+    assert report["cases"]["image_vector"]["loader_id"].startswith("auto:image_vector/")
+    state = models.resnet18(weights=None).state_dict()  # every weight's and buffer's bytes
+    assert report["cases"]["resnet18"]["array_bytes"] == sum(
+        t.numel() * t.element_size() for t in state.values())
+    assert all(r["n"] == 2 and 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
+               for r in report["cases"].values())
+    assert report["stamp"]["command"] == (  # the results' place named portably
+        "python -m benchmarks.fingerprint --calls 2 --results <results>")
+    assert "| `compose4` |" in (tmp_path / "fingerprint.md").read_text()

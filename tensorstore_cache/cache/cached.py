@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy.typing as npt
 from ..config import OnStale, SourceCheck
 from ..errors import BuildError, CorruptStoreError, StaleSourceError, StoreNotFoundError
 from ..format import write_hashes
-from ..fs import Holder, parse_temp, remove_tree
+from ..fs import Holder, parse_temp, racy_since, remove_tree
 from ..identity import LoaderFingerprint
 from ..reader import CacheStore, open_directory, stale_keys, token_map, view_of
 from ..writer import BuildOptions, Schema, build, building, collect_debris, write_merged
@@ -439,6 +440,7 @@ def _build_part(
         tokens=tokens,
         label=label, schema=schema,
     )
+    started = time.time_ns()
     try:
         hashes = build(todo, target, build_options)
     except BuildError as exc:
@@ -452,6 +454,8 @@ def _build_part(
     try:
         n = len(store)
         skipped = {key for key, _reason in store.spec.skipped}
+        if n and hashes is not None and _copied_sources(options):
+            _remember_built(ns, store, hashes, racy_since(started))
     finally:
         store.close()
     if n == 0:  # everything was skipped; never referenced, so nobody maps it
@@ -460,6 +464,21 @@ def _build_part(
     if hashes is not None:
         write_hashes(target, hashes, trust=ns.trust)
     return part, skipped
+
+
+def _remember_built(
+    ns: Namespace, store: CacheStore, hashes: npt.NDArray[np.uint64], settled: int
+) -> None:
+    """Note in the node namespace that the sources of a part built here held the bytes it
+    recorded at the stats it recorded (those modified before ``settled``): this node's next
+    call then only stats them (see :mod:`~tensorstore_cache.cache.seen_sources`)."""
+    recorded = view_of(store).source_identity(np.arange(len(store)), content_hash=False)
+    keys = store.paths
+    ok = np.flatnonzero((hashes != 0) & (recorded.size >= 0) & (recorded.mtime_ns < settled))
+    seen = NodeSeenSources(ns)
+    seen.learn([keys[i] for i in ok.tolist()], recorded.size[ok], recorded.mtime_ns[ok],
+               hashes[ok])
+    seen.save()
 
 
 def _publish_part(ns: Namespace, part: str, keys: list[str]) -> Manifest | None:

@@ -100,12 +100,12 @@ def stale_mask(
     they are recorded anew when recomputed).
 
     With ``seen`` (the sources are copies, each machine's with its own
-    mtimes), a ``"stat"`` row whose stat differs but which has a recorded
-    content hash is current when its bytes hash the same: ``seen`` is asked
-    first (a stat it saw with that hash costs no read), else the source is
-    read once, and a match is remembered in ``seen`` unless the source was
-    modified too recently for its stat to tell a later change
-    (:func:`~tensorstore_cache.fs.racy_since`).
+    mtimes, and every row has a recorded content hash), a ``"stat"`` row with
+    a recorded hash is current exactly when its bytes hash the same, whatever
+    its stat: ``seen`` is asked first (a stat it saw with that hash costs no
+    read), else the source is read once, and a match is remembered in
+    ``seen`` unless the source was modified too recently for its stat to tell
+    a later change (:func:`~tensorstore_cache.fs.racy_since`).
 
     Parameters
     ----------
@@ -150,18 +150,18 @@ def stale_mask(
         sub_hashes = hashes[todo]
         has_hash = sub_hashes != 0
         by_content = check == "content"
-        copied = np.flatnonzero(got & has_hash & (size >= 0)) if seen is not None else None
-        known = np.flatnonzero(has_hash if by_content else has_hash & ~got)
-        if len(known):
-            current = hash_many([subset[i] for i in known.tolist()])
-            got[known] = current != sub_hashes[known]
-            if by_content:
-                got[known] |= recorded.size[todo][known] < 0
-        if copied is not None and len(copied) and not by_content:
-            assert seen is not None
-            found = _same_bytes(subset, copied, size, mtime, sub_hashes, seen,
-                                racy_since(stat_time))
-            got[copied[found]] = False
+        if seen is not None and not by_content:  # every row hashed: judged by its bytes
+            hashed = np.flatnonzero(has_hash & (size >= 0))
+            if len(hashed):
+                got[hashed] = ~_same_bytes(subset, hashed, size, mtime, sub_hashes, seen,
+                                           racy_since(stat_time))
+        else:
+            known = np.flatnonzero(has_hash if by_content else has_hash & ~got)
+            if len(known):
+                current = hash_many([subset[i] for i in known.tolist()])
+                got[known] = current != sub_hashes[known]
+                if by_content:
+                    got[known] |= recorded.size[todo][known] < 0
     stale[todo] = got
     return stale
 
@@ -175,7 +175,7 @@ def _same_bytes(
     seen: SeenSources,
     settled_ns: int,
 ) -> npt.NDArray[np.bool_]:
-    """Which ``rows`` (whose stat differs from the recorded one) hold the recorded bytes:
+    """Which ``rows`` hold the recorded bytes:
     by what ``seen`` saw at the same stat, else by reading them; remember those read and
     found the same, unless modified after ``settled_ns``."""
     names = [keys[i] for i in rows.tolist()]

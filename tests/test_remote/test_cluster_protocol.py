@@ -344,3 +344,25 @@ def test_the_remote_and_its_store_from_the_environment(s3: S3Process, tmp_path: 
     location = Path(found[1]["location"])
     assert location.parent == tmp_path / "n1" and "testing" not in str(location)
     assert s3.requests("PUT", f"{BUCKET}/from-env/")  # written there, through the environment
+
+
+def test_the_bucket_policy_on_the_cluster_page_is_valid() -> None:
+    """The bucket policy of docs/cluster.md parses, gives ListBucket and GetObject to every
+    role that reads, PutObject to the build nodes only and DeleteObject to gc's role only,
+    and denies writes to anyone else."""
+    page = (REPO / "docs" / "cluster.md").read_text()
+    block = page.split("### Who may write the prefix", 1)[1].split("```json\n", 1)[1]
+    policy = json.loads(block.split("\n```", 1)[0])
+    allowed: dict[str, set[str]] = {}
+    for st in policy["Statement"]:
+        if st["Effect"] == "Allow":
+            who = st["Principal"]["AWS"]
+            for role in [who] if isinstance(who, str) else who:
+                allowed.setdefault(st["Action"], set()).add(role.rsplit("/", 1)[1])
+    assert allowed == {"s3:ListBucket": {"train-nodes", "eval-jobs", "cache-admin"},
+                       "s3:GetObject": {"train-nodes", "eval-jobs", "cache-admin"},
+                       "s3:PutObject": {"train-nodes"}, "s3:DeleteObject": {"cache-admin"}}
+    [deny] = [st for st in policy["Statement"] if st["Effect"] == "Deny"]
+    assert deny["Principal"] == "*" and set(deny["Action"]) == {"s3:PutObject", "s3:DeleteObject"}
+    spared = deny["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
+    assert {r.rsplit("/", 1)[1] for r in spared} == {"train-nodes", "cache-admin"}

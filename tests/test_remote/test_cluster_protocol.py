@@ -255,6 +255,20 @@ def test_records_skips_and_merges_through_a_shared_directory(tmp_path: Path) -> 
     [ns] = [d for d in shared.iterdir() if d.name != ".tsc-probe"]
     history = [len(json.loads(m.read_text())["parts"]) for m in sorted(ns.glob("manifests/*"))]
     assert history == [1, 2, 3, 4, 5, 1, 2]  # merged into one past 4 parts
+    # the node's pointers to parts no longer current go with gc; the current ones stay
+    node = tmp_path / "node1"
+    [local] = [d for d in node.iterdir() if d.name != "remote"]
+    live = json.loads(sorted((local / "manifests").iterdir())[-1].read_text())["parts"]
+    assert len(list((local / "parts").glob("*.remote"))) > len(live)
+    removed = tsc.gc(node, grace=0)
+    assert {r.reason for r in removed if r.path.endswith(".remote")} == {
+        "pointer of a part no longer current"}
+    assert sorted(p.name for p in (local / "parts").glob("*.remote")) == sorted(
+        f"{part}.remote" for part in live)
+    again = tsc.cached(paths, loader=loader, loader_id="records/1", fields=FIELDS,
+                       cache_dir=node, remote=str(shared), workers=1, progress=False)
+    assert all(same(again[p], expected(p)) for p in paths[::7])
+    again.close()
 
     def flaky(p: str) -> np.ndarray:
         if p.endswith("bad"):

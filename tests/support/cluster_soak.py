@@ -1,7 +1,7 @@
 """A cluster soak: 3 nodes x 2 agents against the test S3 server, with a killer, for minutes.
 
 ``python -m tests.support.cluster_soak --minutes 5 [--json FILE]`` runs rounds until the time
-is up (or ``--rounds N`` rounds). Each round adds new keys; every agent of every node calls
+is up (or ``--rounds N`` rounds; ``--nodes`` and ``--agents`` change the cluster's shape). Each round adds new keys; every agent of every node calls
 ``cached(keys, remote=...)`` at once while the killer waits for a lease held by one of the
 round's agents and takes its holder out: SIGKILL in the first round and in 7 rounds of 10
 after it, else SIGSTOP for two lease times then SIGCONT. Every third round the server also
@@ -85,12 +85,12 @@ def _faults(server: S3Process, rnd: int) -> None:
 
 
 def _round(server: S3Process, fs: Any, work: Path, rnd: int, keys: list[str],
-           tally: Counter[str]) -> list[dict[str, Any]]:
+           tally: Counter[str], shape: tuple[int, int]) -> list[dict[str, Any]]:
     env = spec_env(work / "log", ttl=TTL, sleep=0.02)
     start = work / f"start-{rnd}"
     agents = [launch(work, f"n{n}", keys, f"s3://{BUCKET}/soak", env,
                      storage_options=server.storage_options(), start=start)
-              for n in range(3) for _ in range(2)]
+              for n in range(shape[0]) for _ in range(shape[1])]
     for agent in agents:
         agent.wait_ready()
     _faults(server, rnd)
@@ -132,7 +132,7 @@ def _soak(args: argparse.Namespace, tally: Counter[str]) -> dict[str, Any]:
             while (time.monotonic() - began < args.minutes * 60 if args.rounds is None
                    else rnd < args.rounds):
                 keys += [f"soak/{rnd:04d}/{i:03d}" for i in range(args.new_keys)]
-                for r in _round(server, fs, work, rnd, keys, tally):
+                for r in _round(server, fs, work, rnd, keys, tally, (args.nodes, args.agents)):
                     if r.get("ok"):
                         wrong += r["wrong"]
                     elif r.get("returncode") != -signal.SIGKILL:
@@ -142,7 +142,7 @@ def _soak(args: argparse.Namespace, tally: Counter[str]) -> dict[str, Any]:
         finally:
             server.stop()
         counts = computed(work / "log")
-    return {"rounds": rnd, "keys": len(keys), "computed": sum(counts.values()),
+    return {"nodes": args.nodes, "agents_per_node": args.agents, "rounds": rnd, "keys": len(keys), "computed": sum(counts.values()),
             "keys_computed_twice": sum(1 for c in counts.values() if c == 2),
             "keys_computed_three_times_or_more": sum(1 for c in counts.values() if c >= 3),
             "never_computed": len(set(keys) - set(counts)), "wrong_vectors": wrong,
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=None, help="this many rounds instead")
     parser.add_argument("--new-keys", type=int, default=40, help="new keys per round")
+    parser.add_argument("--nodes", type=int, default=3, help="node cache directories")
+    parser.add_argument("--agents", type=int, default=2, help="agent processes per node")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     env = environment()

@@ -1,7 +1,8 @@
 """The cluster soak's program (``tests/support/cluster_soak.py``): a short run, and its verdict.
 
-The 5-minute run is made by hand (``python -m tests.support.cluster_soak --minutes 5``); here
-one round of 3 nodes x 2 agents runs for real, with its killer, and its report is checked.
+The 5-minute run of 3 nodes x 2 agents is made by hand (``python -m tests.support.cluster_soak
+--minutes 5``); here one round of 2 nodes x 1 agent runs for real, with its killer, and its
+report is checked.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ def test_a_short_soak_kills_holders_and_reports_stamped(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tests.support.cluster_soak", "--rounds", "1", "--new-keys", "30",
-         "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+         "--nodes", "2", "--agents", "1", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert proc.returncode == 0 and report["failures"] == [], report
     assert report["rounds"] == 1 and report["killed"] == 1 and report["keys"] == 30
+    assert (report["nodes"], report["agents_per_node"]) == (2, 1)
     assert report["wrong_vectors"] == 0 and report["keys_computed_three_times_or_more"] == 0
     stamp = report["stamp"]
     assert stamp["command"].startswith("python -m tests.support.cluster_soak --rounds 1")

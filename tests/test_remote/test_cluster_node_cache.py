@@ -10,6 +10,7 @@ request counted), one builder node and fresh nodes.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import pickle
 import subprocess
@@ -87,16 +88,23 @@ print(store[sys.argv[2]].sum())
 """
 
 
+def _read_in_fork(data: bytes, key: str, out: Any) -> None:
+    out.put(int(pickle.loads(data)[key].sum()))
+
+
 def test_a_fresh_node_fetches_one_bundle_then_only_the_shards_it_reads(
-    built: dict[str, Any], s3: S3Process, tmp_path: Path
+    built: dict[str, Any], s3: S3Process, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fresh node's call makes 3 requests (the head hint, the absent next manifest, the
     part's bundle) and writes nothing; reading 3 rows of 3 shards fetches those 3 shards
-    once; a pickled store opened by another process fetches only the shard it reads next;
-    store.location is the node's namespace directory."""
+    once; store.location is the node's namespace directory. Pickled, the store carries no
+    credential: a forked process and a new one, given the credentials through their
+    environment, each read it and fetch only the shard they read."""
     cache = tmp_path / "node"
+    key_id, secret = "AKIDPICKLED", "pickled-secret-never-shown"
+    options = {**built["options"], "key": key_id, "secret": secret}
     s3.reset()
-    store = _cached(cache, built["options"])
+    store = _cached(cache, options)
     opened = s3.log()
     assert [r.method for r in opened] == ["GET"] * 3, [(r.method, r.key) for r in opened]
     assert opened[-1].key.endswith(".bundle") and not _shard_files(cache)
@@ -108,16 +116,26 @@ def test_a_fresh_node_fetches_one_bundle_then_only_the_shards_it_reads(
     assert len(shards) == 3 and len({r.key for r in shards}) == 3
     assert all("/parts/" in r.key and "/vectors/c/" in r.key for r in shards)
     assert len(_shard_files(cache)) == 3
-    path = tmp_path / "store.pickle"
-    path.write_bytes(pickle.dumps(store))
+    data = pickle.dumps(store)
+    assert key_id.encode() not in data and secret.encode() not in data
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)  # what the processes below inherit
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     before = len(s3.log())
+    forked = multiprocessing.get_context("fork")
+    out: Any = forked.Queue()
+    child = forked.Process(target=_read_in_fork, args=(data, KEYS[5 * rows + 4], out))
+    child.start()
+    assert out.get(timeout=120) == int(cover(KEYS[5 * rows + 4]).sum())
+    child.join(60)
+    path = tmp_path / "store.pickle"
+    path.write_bytes(data)
     other = KEYS[6 * rows + 3]
     proc = subprocess.run([sys.executable, "-c", READ_PICKLED, str(path), other], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.split()[-1]) == int(cover(other).sum())
     after = s3.log()[before:]
-    assert len(after) == 1 and "/vectors/c/" in after[0].key
+    assert len(after) == 2 and all("/vectors/c/" in r.key for r in after), after
     store.close()
 
 

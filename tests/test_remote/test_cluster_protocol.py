@@ -255,6 +255,20 @@ def test_records_skips_and_merges_through_a_shared_directory(tmp_path: Path) -> 
     [ns] = [d for d in shared.iterdir() if d.name != ".tsc-probe"]
     history = [len(json.loads(m.read_text())["parts"]) for m in sorted(ns.glob("manifests/*"))]
     assert history == [1, 2, 3, 4, 5, 1, 2]  # merged into one past 4 parts
+    # the node's pointers to parts no longer current go with gc; the current ones stay
+    node = tmp_path / "node1"
+    [local] = [d for d in node.iterdir() if d.name != "remote"]
+    live = json.loads(sorted((local / "manifests").iterdir())[-1].read_text())["parts"]
+    assert len(list((local / "parts").glob("*.remote"))) > len(live)
+    removed = tsc.gc(node, grace=0)
+    assert {r.reason for r in removed if r.path.endswith(".remote")} == {
+        "pointer of a part no longer current"}
+    assert sorted(p.name for p in (local / "parts").glob("*.remote")) == sorted(
+        f"{part}.remote" for part in live)
+    again = tsc.cached(paths, loader=loader, loader_id="records/1", fields=FIELDS,
+                       cache_dir=node, remote=str(shared), workers=1, progress=False)
+    assert all(same(again[p], expected(p)) for p in paths[::7])
+    again.close()
 
     def flaky(p: str) -> np.ndarray:
         if p.endswith("bad"):
@@ -344,3 +358,25 @@ def test_the_remote_and_its_store_from_the_environment(s3: S3Process, tmp_path: 
     location = Path(found[1]["location"])
     assert location.parent == tmp_path / "n1" and "testing" not in str(location)
     assert s3.requests("PUT", f"{BUCKET}/from-env/")  # written there, through the environment
+
+
+def test_the_bucket_policy_on_the_cluster_page_is_valid() -> None:
+    """The bucket policy of docs/cluster.md parses, gives ListBucket and GetObject to every
+    role that reads, PutObject to the build nodes only and DeleteObject to gc's role only,
+    and denies writes to anyone else."""
+    page = (REPO / "docs" / "cluster.md").read_text()
+    block = page.split("### Who may write the prefix", 1)[1].split("```json\n", 1)[1]
+    policy = json.loads(block.split("\n```", 1)[0])
+    allowed: dict[str, set[str]] = {}
+    for st in policy["Statement"]:
+        if st["Effect"] == "Allow":
+            who = st["Principal"]["AWS"]
+            for role in [who] if isinstance(who, str) else who:
+                allowed.setdefault(st["Action"], set()).add(role.rsplit("/", 1)[1])
+    assert allowed == {"s3:ListBucket": {"train-nodes", "eval-jobs", "cache-admin"},
+                       "s3:GetObject": {"train-nodes", "eval-jobs", "cache-admin"},
+                       "s3:PutObject": {"train-nodes"}, "s3:DeleteObject": {"cache-admin"}}
+    [deny] = [st for st in policy["Statement"] if st["Effect"] == "Deny"]
+    assert deny["Principal"] == "*" and set(deny["Action"]) == {"s3:PutObject", "s3:DeleteObject"}
+    spared = deny["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
+    assert {r.rsplit("/", 1)[1] for r in spared} == {"train-nodes", "cache-admin"}

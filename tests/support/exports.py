@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .module_graph import imported_from
+
 __all__ = ["Exports", "module_name", "public_definitions", "read_exports", "used_names"]
 
 
@@ -95,14 +97,7 @@ def _imported_from(tree: ast.Module, module: str, is_package: bool) -> Iterable[
     aliases: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")
-                if not is_package:
-                    base = base[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
+            source = imported_from(node, module, is_package)
             for a in node.names:
                 yield source, a.name
                 aliases[a.asname or a.name] = f"{source}.{a.name}"

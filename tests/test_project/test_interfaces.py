@@ -33,7 +33,7 @@ NOT_YET_USED = {
     "remote": {"Objects"},
 }
 #: Modules whose ``__all__`` is not sorted yet (a module listed that is sorted fails too).
-NOT_YET_SORTED = {"tensorstore_cache.identity.walk"}
+NOT_YET_SORTED = {"tensorstore_cache.identity.walk", "tensorstore_cache.remote.documents"}
 
 
 def test_every_all_is_sorted_without_repeats_and_names_what_its_module_binds() -> None:

@@ -40,13 +40,14 @@ __all__ = [
     "Missing",
     "OnError",
     "OnStale",
-    "Recorded",
     "REMOTE_ENV",
+    "Recorded",
     "SHARD_BYTES",
     "SourceCheck",
     "__version__",
     "cache_root",
     "check_mode",
+    "choices",
     "default_cache_dir",
 ]
 
@@ -125,11 +126,26 @@ def check_mode(name: str, value: object, mode: Any) -> Any:
     >>> check_mode("on_error", "skip", OnError)
     'skip'
     """
-    allowed = get_args(mode)
-    if not isinstance(value, str) or value not in allowed:
-        choices = ", ".join(repr(a) for a in allowed[:-1]) + f" or {allowed[-1]!r}"
-        raise ValueError(f"{name} must be {choices}, got {value!r}")
+    if not isinstance(value, str) or value not in get_args(mode):
+        raise ValueError(f"{name} must be {choices(mode)}, got {value!r}")
     return value
+
+
+def choices(mode: Any) -> str:
+    """The values of the ``Literal`` type ``mode``, as a message lists them.
+
+    Parameters
+    ----------
+    mode
+        One of the mode types above (e.g. :data:`Recorded`).
+
+    Examples
+    --------
+    >>> choices(Recorded)
+    "'stat', 'none' or 'token'"
+    """
+    allowed = get_args(mode)
+    return ", ".join(repr(a) for a in allowed[:-1]) + f" or {allowed[-1]!r}"
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:

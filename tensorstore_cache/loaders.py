@@ -69,9 +69,9 @@ import numpy.typing as npt
 from PIL import Image
 
 __all__ = [
-    "LOADER_ID",
     "BatchLoader",
     "ImageLoader",
+    "LOADER_ID",
     "Loader",
     "LoaderInfo",
     "resolve_loader",

@@ -1,6 +1,6 @@
 """The content hashes of a part's sources: the ``<part>.source_xxh3`` side file.
 
-A part built with ``check="hash"`` records an XXH3-64 of every source's bytes
+A part built with ``identity="content"`` records an XXH3-64 of every source's bytes
 in a file next to the part directory: ``n`` little-endian ``uint64`` in row
 order, ``0`` meaning "unknown". It lies outside the store directory, so the
 store itself stays exactly what every build writes.

@@ -17,7 +17,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
@@ -32,9 +32,9 @@ __all__ = [
     "DTYPES",
     "GROUP",
     "GROUP_DOCUMENT",
+    "GroupMetadata",
     "INDEX_ARRAYS",
     "VECTORS",
-    "GroupMetadata",
     "array_documents",
     "data_files",
     "expected_files",
@@ -355,9 +355,10 @@ def _provenance_from_attrs(
     if not isinstance(created, (int, float)):
         raise CorruptStoreError(f"{where}: created_unix must be a number", where)
     identity = attrs.get("source_identity", "stat")
-    if identity not in ("stat", "none", "token"):
+    if identity not in get_args(config.Recorded):
         raise CorruptStoreError(
-            f"{where}: source_identity must be 'stat', 'none' or 'token', got {identity!r}", where
+            f"{where}: source_identity must be {config.choices(config.Recorded)}, got "
+            f"{identity!r}", where
         )
     skipped = tuple((s[0], s[1]) for s in skipped_raw)
     return loader_id, params, skipped, float(created), identity

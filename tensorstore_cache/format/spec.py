@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from ..config import Recorded
 from .fields import Field, FieldLayout, Fixed
 
 __all__ = ["FORMAT_VERSION", "RECORDS_VERSION", "StoreSpec", "canonical_json"]
@@ -64,7 +65,7 @@ class StoreSpec:
     """Build time, seconds since the epoch."""
     fields: tuple[FieldLayout, ...] = ()
     """The fields of a store of records, in schema order (empty for one tensor per key)."""
-    identity: Literal["stat", "none", "token"] = "stat"
+    identity: Recorded = "stat"
     """What ``source_size`` and ``source_mtime_ns`` hold: each source's size and mtime taken
     before it was read (``"stat"``), nothing (``"none"``: keys need not be files), or version
     tokens a callable gave (``"token"``, in ``source_mtime_ns``)."""

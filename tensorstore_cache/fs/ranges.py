@@ -42,7 +42,7 @@ from .locks import attempt, locks_enabled
 from .opens import create_file
 from .trust import Trust
 
-__all__ = ["FETCH", "VERSION", "RangeHolds", "try_lock_range", "unlock_range"]
+__all__ = ["FETCH", "RangeHolds", "VERSION", "try_lock_range", "unlock_range"]
 
 #: First byte of the download locks (``FETCH + k`` for shard ``k``).
 FETCH = 1 << 40

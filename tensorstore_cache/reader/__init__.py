@@ -16,7 +16,7 @@ from .._interface import interface
 if TYPE_CHECKING:
     from .assembly import MadeBy, SegmentSource, StoreDirectory, assemble, open_directory
     from .record import Record
-    from .sources import SeenSources, resolve_identity, token_map
+    from .sources import resolve_identity, token_map
     from .staleness import stale_keys
     from .store import CacheStore, Location, view_of
     from .supply import FetchStats
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "assembly": ("MadeBy", "SegmentSource", "StoreDirectory", "assemble", "open_directory",),
     "record": ("Record",),
-    "sources": ("SeenSources", "resolve_identity", "token_map",),
+    "sources": ("resolve_identity", "token_map",),
     "staleness": ("stale_keys",),
     "store": ("CacheStore", "Location", "view_of",),
     "supply": ("FetchStats",),
@@ -37,7 +37,6 @@ __all__ = [
     "Location",
     "MadeBy",
     "Record",
-    "SeenSources",
     "SegmentSource",
     "StoreDirectory",
     "assemble",

@@ -20,12 +20,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 
 from .supply import ShardSupply
 
 __all__ = ["MappedBudget"]
 
 
+@dataclass(eq=False)
 class MappedBudget:
     """At most ``limit`` files of one array mapped at once, least recently used unmapped first.
 
@@ -49,25 +51,16 @@ class MappedBudget:
         Unmaps file ``k`` (under the lock).
     """
 
-    def __init__(
-        self,
-        supply: ShardSupply,
-        *,
-        first: int,
-        limit: int,
-        lock: threading.Lock,
-        is_mapped: Callable[[int], bool],
-        map_file: Callable[[int], None],
-        unmap_file: Callable[[int], None],
-    ) -> None:
-        self.supply = supply
-        self.first = first
-        self.limit = limit
-        self._lock = lock
-        self._is_mapped = is_mapped
-        self._map = map_file
-        self._unmap = unmap_file
-        self._used: OrderedDict[int, None] = OrderedDict()  # mapped files, LRU first
+    supply: ShardSupply
+    _: KW_ONLY
+    first: int
+    limit: int
+    lock: threading.Lock
+    is_mapped: Callable[[int], bool]
+    map_file: Callable[[int], None]
+    unmap_file: Callable[[int], None]
+    _used: OrderedDict[int, None] = field(default_factory=OrderedDict, init=False)
+    """The mapped files, least recently used first."""
 
     @classmethod
     def of(
@@ -104,16 +97,16 @@ class MappedBudget:
         the files mapped before it are kept, within the budget.
         """
         supply, first = self.supply, self.first
-        is_mapped = self._is_mapped
+        is_mapped = self.is_mapped
         while True:
             missing = [k for k in ks if not is_mapped(k)]
             if missing:
                 supply.ensure([first + k for k in missing])  # one hold each, kept while mapped
-            with self._lock:
+            with self.lock:
                 for i, k in enumerate(missing):
                     if not is_mapped(k):
                         try:
-                            self._map(k)
+                            self.map_file(k)
                         except BaseException:
                             for rest in missing[i:]:  # holds no mapping took
                                 supply.release(first + rest)
@@ -144,7 +137,7 @@ class MappedBudget:
             if k in kept:
                 continue
             del used[k]
-            self._unmap(k)
+            self.unmap_file(k)
             self.supply.release(self.first + k)
 
     def touch(self, k: int) -> None:

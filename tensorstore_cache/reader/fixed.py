@@ -16,82 +16,32 @@ the least recently used shards are unmapped and rows are copies.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import CorruptStoreError
 from ..format import FieldLayout, MappedShard, map_shard_fd, open_shard
-from ..fs import Trust
 from .budget import MappedBudget
+from .mapped import MappedArray, SegmentFiles
 from .sets import distinct
-from .supply import ShardSupply
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["FixedArray"]
 
 
-class FixedArray:
+class FixedArray(MappedArray):
     """The shards of one fixed field of a store directory, mapped on demand.
 
-    Parameters
-    ----------
-    layout
-        The field.
-    root
-        The store directory (named in errors).
-    dir_fd
-        Returns the descriptor of the store directory its segment opened
-        (raises once the segment is closed).
-    files
-        The store's file list (sizes checked before mapping).
-    trust
-        Checked on every shard opened.
-    supply
-        Makes shard files present before they are mapped (None: all are there);
-        owned by the segment, which closes it.
-    first
-        The supply's id of shard 0 (shard ``k`` is file ``first + k``).
-    share
-        How many arrays share the supply's budget: this one keeps at most
-        ``budget // share`` shards mapped (at least one).
+    Made like every :class:`~.mapped.MappedArray`: its file ``k`` is shard ``k``.
     """
 
-    def __init__(
-        self,
-        layout: FieldLayout,
-        *,
-        root: Path,
-        dir_fd: Callable[[], int],
-        files: dict[str, tuple[int, str]],
-        trust: Trust,
-        supply: ShardSupply | None = None,
-        first: int = 0,
-        share: int = 1,
-    ) -> None:
-        self.layout = layout
-        self.root = root
-        self._dir_fd = dir_fd
-        self.files = files
-        self.trust = trust
-        self.n = layout.n
+    def __init__(self, layout: FieldLayout, source: SegmentFiles, first: int = 0) -> None:
+        super().__init__(layout, source, first)
         self.item_shape: tuple[int, ...] = tuple(layout.field.shape)  # type: ignore[arg-type]
-        self.dtype: np.dtype[np.generic] = np.dtype(layout.dtype).newbyteorder("<")
         self.rows_per_shard = layout.rows_per_shard
         self.item_nbytes = layout.row_nbytes
-        self._supply = supply
-        self._first = first
         self._shards: list[MappedShard | None] = [None] * layout.shard_count()
-        self._lock = threading.Lock()
-        self._budget = MappedBudget.of(  # None: every shard stays mapped, rows are views
-            supply, share=share, first=first, lock=self._lock, is_mapped=self._is_mapped,
-            map_file=self._map_slot, unmap_file=self._unmap_slot,
-        )
         self._vrows: VirtualRows | None = None
         self._all_mapped = False
         #: Every row in one contiguous copy-on-write view, once every shard is mapped
@@ -106,57 +56,36 @@ class FixedArray:
 
     def map_all(self) -> None:
         """Map every shard now."""
-        self._map_shards(range(len(self._shards)))
+        self._map_files(range(len(self._shards)))
 
     def shard(self, k: int) -> MappedShard:
         """Return shard ``k``, mapping (and checking) it on first use."""
         shard = self._shards[k]
         if shard is None:
-            self._map_shards([k])
+            self._map_files([k])
             shard = self._shards[k]
             assert shard is not None
         return shard
 
-    def _map_shards(self, ks: Sequence[int]) -> None:
-        """Map the shards ``ks`` not mapped yet (their supply asked once for all of them)."""
-        todo = [k for k in ks if self._shards[k] is None]
-        if not todo:
-            return
-        if self._supply is not None:
-            self._supply.ensure([self._first + k for k in todo])
-        with self._lock:
-            for k in todo:
-                if self._shards[k] is None:
-                    self._shards[k] = self._map(k)
-            if self._budget is None and all(x is not None for x in self._shards):
-                self._all_mapped = True
-                if self._vrows is not None:  # every row in one contiguous view from now on
-                    self.all_rows = self._vrows.rows
+    def _every_file_mapped(self) -> None:
+        if self._budget is None:
+            self._all_mapped = True
+            if self._vrows is not None:  # every row in one contiguous view from now on
+                self.all_rows = self._vrows.rows
 
     def _map(self, k: int) -> MappedShard:
         rel = self.layout.chunk_key(k)
-        path = self.root / rel
         rows = min(self.rows_per_shard, self.n - k * self.rows_per_shard)
-        dir_fd = self._dir_fd()
-        try:
-            fd, offsets = open_shard(
-                path,
-                self.root,
-                rows=rows,
-                rows_per_shard=self.rows_per_shard,
-                item_nbytes=self.item_nbytes,
-                expected_size=self.files[rel][0],
-                root_fd=dir_fd,
-                trust=self.trust,
-            )
-        except CorruptStoreError as exc:
-            if os.fstat(dir_fd).st_nlink == 0:  # our directory was removed
-                raise CorruptStoreError(
-                    f"{self.root} was replaced or deleted after this store was opened, and "
-                    f"{rel} had not been read yet; open the store again",
-                    str(path),
-                ) from exc
-            raise
+        fd, offsets = self._open(rel, lambda dir_fd: open_shard(
+            self.root / rel,
+            self.root,
+            rows=rows,
+            rows_per_shard=self.rows_per_shard,
+            item_nbytes=self.item_nbytes,
+            expected_size=self.files[rel][0],
+            root_fd=dir_fd,
+            trust=self.trust,
+        ))
         try:
             vrows = self._vrows
             if vrows is not None and offsets is None:
@@ -241,7 +170,7 @@ class FixedArray:
             self._gather_budget(budget, rows, shard_ids, out)
             return
         if not self._all_mapped:
-            self._map_shards(distinct(shard_ids))
+            self._map_files(distinct(shard_ids))
         vrows = self._vrows  # None if mapping found rows out of layout order
         if vrows is not None:
             np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
@@ -288,26 +217,6 @@ class FixedArray:
                             out[j] = shard.row(i)
 
             budget.with_mapped(group, read)
-
-    @property
-    def budget(self) -> int | None:
-        """Most shards mapped at once (None: no limit, rows are views)."""
-        return None if self._budget is None else self._budget.limit
-
-    @property
-    def supply(self) -> ShardSupply | None:
-        """Where this array's shards come from when fetched on demand (None: all local)."""
-        return self._supply
-
-    def prefetch(
-        self, rows: npt.NDArray[np.int64] | None, *, background: bool = False
-    ) -> Future[int]:
-        """Fetch the shards of ``rows`` (every shard if None) ahead of reads."""
-        if self._supply is None:
-            done: Future[int] = Future()
-            done.set_result(0)
-            return done
-        return self._supply.prefetch(self.file_ids(rows), background=background)
 
     def file_ids(self, rows: npt.NDArray[np.int64] | None) -> list[int]:
         """The supply's ids of the shards of ``rows`` (valid local rows; None: every shard)."""

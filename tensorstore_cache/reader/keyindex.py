@@ -21,6 +21,7 @@ import bisect
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,8 +81,8 @@ def all_same(
     windows = -(-int(lengths.max()) // width) if width else _MAX_WINDOWS + 1
     if windows > _MAX_WINDOWS:
         return False
-    ours = _items(stored, width)
-    theirs = _items(np.frombuffer(keys.joined, dtype=np.uint8), width)
+    ours = _windows(stored, width, words=False)
+    theirs = _windows(np.frombuffer(keys.joined, dtype=np.uint8), width, words=False)
     step = max(1, _COMPARE_BYTES // width)
     for a in range(0, len(lengths), step):
         b = min(a + step, len(lengths))
@@ -95,15 +96,6 @@ def all_same(
             if ours[here].tobytes() != theirs[there].tobytes():
                 return False
     return True
-
-
-def _items(data: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.void]:
-    """The read-only view of every ``width`` bytes of ``data`` (overlapping) as one item."""
-    view: npt.NDArray[np.void] = np.ndarray(
-        (len(data) - width + 1,), dtype=np.dtype((np.void, width)), buffer=data, strides=(1,)
-    )
-    view.flags.writeable = False
-    return view
 
 
 def same_bytes(
@@ -142,12 +134,8 @@ def same_bytes(
 
 
 def _same_windows(
-    stored: npt.NDArray[np.uint8],
-    begin: npt.NDArray[np.int64],
-    lengths: npt.NDArray[np.int64],
-    keys: Sequence[bytes],
-    width: int,
-    same: npt.NDArray[np.bool_],
+    stored: npt.NDArray[np.uint8], begin: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
+    keys: Sequence[bytes], width: int, same: npt.NDArray[np.bool_],
 ) -> None:
     """``same[i] &= stored[begin[i]:][:lengths[i]] == keys[i]``, for keys of at most
     ``width`` bytes (a multiple of 8) whose window ``stored[begin[i]:][:width]`` is whole.
@@ -173,20 +161,21 @@ def _same_windows(
         same[a:b] &= ~diff.any(axis=1)
 
 
-def _windows(data: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint64]:
-    """The read-only ``(len(data) - width + 1, width // 8)`` view of every window of
-    ``width`` bytes of ``data``, as (unaligned) 8-byte words."""
-    view: npt.NDArray[np.uint64] = np.ndarray(
-        (len(data) - width + 1, width // 8), dtype=np.uint64, buffer=data, strides=(1, 8)
+def _windows(data: npt.NDArray[np.uint8], width: int, *, words: bool = True) -> npt.NDArray[Any]:
+    """The read-only view of every window of ``width`` bytes of ``data`` (overlapping, one
+    per byte): a row of ``width // 8`` (unaligned) 8-byte words each, or with ``words``
+    false one item of ``width`` bytes each."""
+    shape, dtype, strides = (
+        ((len(data) - width + 1, width // 8), np.dtype(np.uint64), (1, 8)) if words
+        else ((len(data) - width + 1,), np.dtype((np.void, width)), (1,))
     )
+    view: npt.NDArray[Any] = np.ndarray(shape, dtype=dtype, buffer=data, strides=strides)
     view.flags.writeable = False
     return view
 
 
 def _same_gathered(
-    stored: npt.NDArray[np.uint8],
-    begin: npt.NDArray[np.int64],
-    lengths: npt.NDArray[np.int64],
+    stored: npt.NDArray[np.uint8], begin: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
     keys: Sequence[bytes],
 ) -> npt.NDArray[np.bool_]:
     """Whether ``stored[begin[i]:][:lengths[i]] == keys[i]`` (lengths within ``stored``),
@@ -214,6 +203,7 @@ def _same_gathered(
     return same
 
 
+@dataclass(eq=False)
 class KeyIndex:
     """The key index of a store directory: its four key arrays, mapped.
 
@@ -227,27 +217,20 @@ class KeyIndex:
         The index arrays (see :mod:`tensorstore_cache.format.metadata`).
     """
 
-    def __init__(
-        self,
-        root: Path,
-        n: int,
-        key_hash: npt.NDArray[Any],
-        key_row: npt.NDArray[Any],
-        key_offsets: npt.NDArray[Any],
-        key_bytes: npt.NDArray[Any],
-    ) -> None:
-        self.root = root
-        self.n = n
-        self.key_hash = key_hash
-        self.key_row = key_row
-        self.key_offsets = key_offsets
-        self.key_bytes = key_bytes
-        self._hash_mv = _ints(key_hash, "Q")
-        self._row_mv = _ints(key_row, "q")
-        self._off_mv = _ints(key_offsets, "Q")
-        self._kb_mv = key_bytes.data
+    root: Path
+    n: int
+    key_hash: npt.NDArray[Any]
+    key_row: npt.NDArray[Any]
+    key_offsets: npt.NDArray[Any]
+    key_bytes: npt.NDArray[Any]
+
+    def __post_init__(self) -> None:
+        self._hash_mv = _ints(self.key_hash, "Q")
+        self._row_mv = _ints(self.key_row, "q")
+        self._off_mv = _ints(self.key_offsets, "Q")
+        self._kb_mv = self.key_bytes.data
         self._kb_len = len(self._kb_mv)
-        offsets: npt.NDArray[np.uint64] = np.asarray(key_offsets, dtype=np.uint64)
+        offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
         #: ``(start, stop)`` of every row's key bytes: overlapping rows of ``key_offsets``
         self._spans = np.lib.stride_tricks.as_strided(
             offsets, (max(0, len(offsets) - 1), 2), (offsets.strides[0],) * 2, writeable=False

@@ -19,7 +19,7 @@ and :meth:`Overlay.find_many` for many, newest segment first.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -147,6 +147,16 @@ class Overlay:
                 local[sel] = live[local[sel]]
         return seg_of, local
 
+    def by_segment(
+        self, rows: npt.NDArray[np.int64]
+    ) -> Iterator[tuple[int, npt.NDArray[np.intp], npt.NDArray[np.int64]]]:
+        """Valid store ``rows`` by segment: ``(segment index, their places in rows, their
+        local rows)`` for each segment holding some, in segment order."""
+        seg_of, local = self.locate(rows)
+        for k in distinct(seg_of):
+            sel = np.flatnonzero(seg_of == k)
+            yield k, sel, local[sel]
+
     def locate_one(self, row: int) -> tuple[int, int]:
         """Map one valid store row to ``(segment index, local row)``."""
         self._compute()
@@ -228,11 +238,9 @@ class Overlay:
         if len(self.segments) == 1:
             self.segments[0].fixed(field).gather(rows, out)
             return
-        seg_of, local = self.locate(rows)
-        for k in distinct(seg_of):
-            sel = np.flatnonzero(seg_of == k)
+        for k, sel, local in self.by_segment(rows):
             part = np.empty((len(sel), *out.shape[1:]), dtype=out.dtype)
-            self.segments[k].fixed(field).gather(local[sel], part)
+            self.segments[k].fixed(field).gather(local, part)
             out[sel] = part
 
     def gather_ragged(
@@ -241,11 +249,8 @@ class Overlay:
         """``(values, offsets from 0, shapes or None)`` of ragged ``field`` of valid ``rows``."""
         if len(self.segments) == 1:
             return self.segments[0].ragged(field).gather(rows)
-        seg_of, local = self.locate(rows)
-        parts: dict[int, tuple[npt.NDArray[np.intp], Any]] = {}
-        for k in distinct(seg_of):
-            sel = np.flatnonzero(seg_of == k)
-            parts[k] = (sel, self.segments[k].ragged(field).gather(local[sel]))
+        parts = {k: (sel, self.segments[k].ragged(field).gather(local))
+                 for k, sel, local in self.by_segment(rows)}
         lengths = np.empty(len(rows), np.int64)
         for sel, (_values, offsets, _shapes) in parts.values():
             lengths[sel] = np.diff(offsets)

@@ -30,10 +30,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,63 +38,26 @@ import numpy.typing as npt
 
 from ..errors import CorruptStoreError
 from ..format import FieldLayout, Ragged
-from ..fs import Trust, map_file, open_sized
-from .budget import MappedBudget
-from .supply import ShardSupply
+from ..fs import map_file, open_sized
+from .mapped import MappedArray, SegmentFiles
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["RaggedArray"]
 
 
-class RaggedArray:
+class RaggedArray(MappedArray):
     """The arrays of one ragged or text field of a store directory.
 
-    Parameters
-    ----------
-    layout
-        The field.
-    root
-        The store directory (named in errors).
-    dir_fd
-        Returns the descriptor of the store directory its segment opened.
-    files
-        The store's file list (sizes checked before mapping).
-    trust
-        Checked on every file opened.
-    supply
-        Makes chunk files present before they are mapped (None: all are there);
-        owned by the segment, which closes it.
-    first
-        The supply's id of chunk 0 (chunk ``k`` is file ``first + k``).
-    share
-        How many arrays share the supply's budget: this one keeps at most
-        ``budget // share`` chunks mapped (at least one), and returns copies.
+    Made like every :class:`~.mapped.MappedArray`: its file ``k`` is chunk ``k``.
     """
 
-    def __init__(
-        self,
-        layout: FieldLayout,
-        *,
-        root: Path,
-        dir_fd: Callable[[], int],
-        files: dict[str, tuple[int, str]],
-        trust: Trust,
-        supply: ShardSupply | None = None,
-        first: int = 0,
-        share: int = 1,
-    ) -> None:
-        self.layout = layout
-        self.root = root
-        self._dir_fd = dir_fd
-        self.files = files
-        self.trust = trust
-        self.n = layout.n
+    def __init__(self, layout: FieldLayout, source: SegmentFiles, first: int = 0) -> None:
+        super().__init__(layout, source, first)
         self.total = layout.total
         self.field = layout.field
         self.flat = isinstance(layout.field, Ragged) and layout.field.flat
         self.inner = layout.field.inner
         self._text = layout.kind == "text"
-        self.dtype: np.dtype[Any] = np.dtype(layout.dtype).newbyteorder("<")
         self._buffers: list[mmap.mmap] = []
         self.offsets: npt.NDArray[np.uint64] = self._index("offsets", self.n + 1, "<u8", (self.n + 1,))
         k = len(layout.field.varying) if isinstance(layout.field, Ragged) else 1
@@ -107,14 +67,6 @@ class RaggedArray:
         if self.n and int(self.offsets[-1]) != self.total:
             raise self._bad("offsets", f"its last offset is {int(self.offsets[-1])}, not the "
                             f"{self.total} values the store records")
-        self._supply = supply
-        self._first = first
-        self._lock = threading.Lock()
-        self._budget = MappedBudget.of(  # None: every chunk stays mapped, rows are views
-            supply, share=share, first=first, lock=self._lock, is_mapped=self._is_mapped,
-            map_file=self._map_slot, unmap_file=self._unmap_slot,
-        )
-        self._count = layout.shard_count()
         self._chunks: list[npt.NDArray[Any] | None] = [None] * self._count  # mapped chunks
         self._in_vrows = [False] * self._count  # chunk k lies in its slot of the contiguous view
         self._values: npt.NDArray[Any] | None = None  # every row of values, once all are mapped
@@ -144,8 +96,8 @@ class RaggedArray:
             return np.zeros(shape, dtype)
         rel = f"{self.layout.path}/{array}/c/0" + ("/0" if len(shape) == 2 else "")
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        buf = map_file(self.root / rel, self.root, self.files[rel][0], root_fd=self._dir_fd(),
-                       trust=self.trust)
+        buf = map_file(self.root / rel, self.root, self.files[rel][0],
+                       root_fd=self.source.dir_fd(), trust=self.trust)
         if buf is None or len(buf) != nbytes:
             raise CorruptStoreError(f"{self.root / rel} has the wrong size", str(self.root / rel))
         self._buffers.append(buf)
@@ -163,16 +115,8 @@ class RaggedArray:
             raise CorruptStoreError(
                 f"{self.root / rel} has {size} bytes, not the {layout.chunk * layout.row_nbytes} "
                 "of a chunk", str(self.root / rel))
-        dir_fd = self._dir_fd()
-        try:
-            fd = open_sized(self.root / rel, self.root, size, dir_fd, trust=self.trust)
-        except CorruptStoreError as exc:
-            if os.fstat(dir_fd).st_nlink == 0:  # our directory was removed
-                raise CorruptStoreError(
-                    f"{self.root} was replaced or deleted after this store was opened, and "
-                    f"{rel} had not been read yet; open the store again", str(self.root / rel),
-                ) from exc
-            raise
+        fd = self._open(rel, lambda dir_fd: open_sized(self.root / rel, self.root, size, dir_fd,
+                                                       trust=self.trust))
         try:
             vrows = self._vrows
             if vrows is not None:
@@ -191,21 +135,10 @@ class RaggedArray:
         elems = rows * max(math.prod(self.inner), 1)
         return np.frombuffer(buf, self.dtype, elems).reshape((rows, *self.inner))
 
-    def _ensure(self, ks: Sequence[int]) -> None:
-        """Map the chunks ``ks`` not mapped yet (no budget: they stay mapped until close)."""
-        todo = [k for k in ks if self._chunks[k] is None]
-        if not todo:
-            return
-        if self._supply is not None:
-            self._supply.ensure([self._first + k for k in todo])
-        with self._lock:
-            for k in todo:
-                if self._chunks[k] is None:
-                    self._chunks[k] = self._map_chunk(k)
-            if all(c is not None for c in self._chunks):
-                self._all_mapped = True
-                if self._vview is not None and all(self._in_vrows):
-                    self._values = self._vview  # every row in one contiguous view from now on
+    def _every_file_mapped(self) -> None:
+        self._all_mapped = True
+        if self._vview is not None and all(self._in_vrows):
+            self._values = self._vview  # every row in one contiguous view from now on
 
     # -- a budget of mapped chunks (see MappedBudget) -----------------------------------
 
@@ -221,7 +154,7 @@ class RaggedArray:
     def map_all(self) -> None:
         """Map every chunk now (not under a budget: there, chunks are mapped as read)."""
         if self._budget is None:
-            self._ensure(range(self._count))
+            self._map_files(range(self._count))
 
     def chunks_of(self, start: npt.NDArray[np.int64], stop: npt.NDArray[np.int64]) -> list[int]:
         """The chunks holding the values ``start[i]:stop[i]`` (checked spans), ascending."""
@@ -240,21 +173,6 @@ class RaggedArray:
         """The supply's ids of the chunks of ``rows`` (valid local rows; None: every chunk)."""
         ks = list(range(self._count)) if rows is None else self.chunks_of(*self.spans(rows))
         return [self._first + k for k in ks]
-
-    def prefetch(
-        self, rows: npt.NDArray[np.int64] | None, *, background: bool = False
-    ) -> Future[int]:
-        """Fetch the chunks of ``rows`` (every chunk if None) ahead of reads."""
-        if self._supply is None:
-            done: Future[int] = Future()
-            done.set_result(0)
-            return done
-        return self._supply.prefetch(self.file_ids(rows), background=background)
-
-    @property
-    def budget(self) -> int | None:
-        """Most chunks mapped at once (None: no limit, rows are views)."""
-        return None if self._budget is None else self._budget.limit
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -287,7 +205,7 @@ class RaggedArray:
     def _prepare(self, ks: Sequence[int]) -> None:
         """Map what a read of chunks ``ks`` needs (a local store: every chunk, once)."""
         if not self._all_mapped:
-            self._ensure(range(self._count) if self._supply is None else ks)
+            self._map_files(range(self._count) if self._supply is None else ks)
 
     def _contiguous(self, ks: Sequence[int]) -> npt.NDArray[Any] | None:
         """The contiguous view of values if every chunk of ``ks`` lies in it (else None)."""

@@ -37,6 +37,7 @@ from ..format import (
 from ..fs import Trust, map_file, open_dir, open_root
 from .fixed import FixedArray
 from .keyindex import KeyIndex
+from .mapped import SegmentFiles, prefetched
 from .ragged import RaggedArray
 from .supply import ShardSupply
 
@@ -110,13 +111,11 @@ class Segment:
             """The array of every field (``"vectors"`` for one tensor per key)."""
             layouts = self.spec.layouts()
             firsts = first_file_ids(self.spec)
+            source = SegmentFiles(root, lambda: self.dir_fd, self.files, self.trust,
+                                  self._supply, share=len(layouts))
             for layout in layouts:
                 kind = FixedArray if isinstance(layout.field, Fixed) else RaggedArray
-                self.arrays[layout.name] = kind(
-                    layout, root=root, dir_fd=lambda: self.dir_fd, files=self.files,
-                    trust=self.trust, supply=self._supply, first=firsts[layout.name],
-                    share=len(layouts),
-                )
+                self.arrays[layout.name] = kind(layout, source, firsts[layout.name])
         except BaseException:
             self._close_dir()
             if self._supply is not None:
@@ -209,12 +208,9 @@ class Segment:
     ) -> Future[int]:
         """Fetch the files of every field holding ``rows`` (every file if None) ahead of
         reads."""
-        if self._supply is None:
-            done: Future[int] = Future()
-            done.set_result(0)
-            return done
-        ids = [i for array in self.arrays.values() for i in array.file_ids(rows)]
-        return self._supply.prefetch(ids, background=background)
+        return prefetched(
+            self._supply, lambda: [i for a in self.arrays.values() for i in a.file_ids(rows)],
+            background)
 
     def close(self) -> None:
         """Drop every mapping (views already handed out stay valid) and close the supply."""

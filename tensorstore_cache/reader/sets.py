@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["distinct"]
+
 # below this many values a set of Python ints beats a sort
 _SMALL = 64
 

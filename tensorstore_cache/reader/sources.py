@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -228,8 +228,8 @@ def resolve_identity(
         return "token", identity
     if not isinstance(identity, str):
         raise TypeError(
-            f"identity must be 'stat', 'content', 'none' or a function of the keys giving "
-            f"uint64 version tokens, got {identity!r}"
+            f"identity must be {', '.join(map(repr, get_args(IdentityKind)))} or a function of "
+            f"the keys giving uint64 version tokens, got {identity!r}"
         )
     check_mode("identity", identity, IdentityKind)
     return identity, None

@@ -9,6 +9,7 @@ ragged field) is here, over the same mapped segments.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -18,12 +19,12 @@ from ..format import FieldLayout, Fixed, Ragged
 from .overlay import Overlay
 from .record import Record
 from .segment import Segment
-from .sets import distinct
 from .sources import SourceIdentity
 
 __all__ = ["StoreView"]
 
 
+@dataclasses.dataclass(eq=False)
 class StoreView:
     """The segments of an open store read as one: one field of them, or whole records.
 
@@ -42,28 +43,29 @@ class StoreView:
         Where the store lives, for messages.
     """
 
-    def __init__(
-        self,
-        overlay: Overlay,
-        layouts: dict[str, FieldLayout],
-        *,
-        records: bool,
-        field: str | None,
-        location: str,
-    ) -> None:
-        self.overlay = overlay
-        self.layouts = layouts
-        self.records = records
-        self.field = field
-        self.location = location
-        self.closed = False
-        layout = None if field is None else layouts[field]
+    overlay: Overlay
+    layouts: dict[str, FieldLayout]
+    _: dataclasses.KW_ONLY
+    records: bool
+    field: str | None
+    location: str
+    closed: bool = dataclasses.field(default=False, init=False)
+    """Whether the store was closed (set by its handle)."""
+    kind: str = dataclasses.field(init=False)
+    """What a row of the view is: ``"record"``, or the field's kind."""
+    item_shape: tuple[int, ...] | None = dataclasses.field(init=False)
+    """The shape of a fixed field's rows (None otherwise)."""
+    dtype: np.dtype[Any] | None = dataclasses.field(init=False)
+    """The field's element type (None: whole records)."""
+
+    def __post_init__(self) -> None:
+        layout = None if self.field is None else self.layouts[self.field]
         self.kind = "record" if layout is None else layout.kind
         shape = None if layout is None else layout.field.shape
-        self.item_shape: tuple[int, ...] | None = (
+        self.item_shape = (
             tuple(shape) if layout is not None and layout.kind == "fixed" else None  # type: ignore[arg-type]
         )
-        self.dtype: np.dtype[Any] | None = None if layout is None else np.dtype(layout.dtype)
+        self.dtype = None if layout is None else np.dtype(layout.dtype)
 
     def of_field(self, name: str) -> StoreView:
         """A view of field ``name`` of the same segments (constructed, sharing the mappings).
@@ -141,20 +143,18 @@ class StoreView:
             Also return the recorded content hashes (0 where none was recorded).
         """
         self.check_open()
-        seg_of, local = self.locate(rows)
         size = np.empty(len(rows), np.int64)
         mtime = np.empty(len(rows), np.int64)
         hashes = np.zeros(len(rows), np.uint64) if content_hash else None
         kinds = np.full(len(rows), "stat", dtype="<U5")
-        for k in distinct(seg_of):
-            sel = np.flatnonzero(seg_of == k)
+        for k, sel, local in self.overlay.by_segment(rows):
             seg = self.segments[k]
-            size[sel] = seg.source_size[local[sel]]
-            mtime[sel] = seg.source_mtime_ns[local[sel]]
+            size[sel] = seg.source_size[local]
+            mtime[sel] = seg.source_mtime_ns[local]
             kinds[sel] = seg.spec.identity
             recorded = seg.content_hashes() if hashes is not None else None
             if hashes is not None and recorded is not None:
-                hashes[sel] = recorded[local[sel]]
+                hashes[sel] = recorded[local]
         return SourceIdentity(size=size, mtime_ns=mtime, content_hash=hashes, recorded=kinds)
 
     def gather_values(
@@ -191,19 +191,17 @@ class StoreView:
         Parameters
         ----------
         name
-            A ragged or text field.
+            The field (ragged or text).
         rows
-            Valid store rows.
+            The store rows asked (valid, in any order).
         first_dim
             Each row's size along the field's first varying dimension instead.
         """
         self.check_open()
         out = np.empty(len(rows), np.int64)
-        seg_of, local = self.overlay.locate(np.asarray(rows, np.int64))
-        for k in distinct(seg_of):
-            sel = np.flatnonzero(seg_of == k)
+        for k, sel, local in self.overlay.by_segment(np.asarray(rows, np.int64)):
             array = self.overlay.segments[k].ragged(name)
-            start, stop = array.spans(local[sel])
+            start, stop = array.spans(local)
             shapes = array.shapes if first_dim else None
-            out[sel] = stop - start if shapes is None else shapes[local[sel], 0]
+            out[sel] = stop - start if shapes is None else shapes[local, 0]
         return out

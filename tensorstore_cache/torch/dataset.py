@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -161,6 +162,16 @@ def _checked_targets(targets: npt.ArrayLike, n: int) -> npt.NDArray[Any]:
     return np.ascontiguousarray(y)
 
 
+@dataclass(frozen=True, slots=True)
+class _BatchTransforms:
+    """The batch transforms of a :meth:`StoreDataset.dataloader`, checked."""
+
+    fn: BatchTransform | dict[str, BatchTransform]
+    """One callable, or one per served field of a store of records."""
+    takes_generator: bool | dict[str, bool]
+    """Whether each takes a ``generator=`` (see :func:`.transforms.apply_seeded`)."""
+
+
 class StoreDataset(Dataset[Any]):
     r"""A map-style dataset whose item ``i`` is the vector of ``paths[i]``.
 
@@ -258,9 +269,6 @@ class StoreDataset(Dataset[Any]):
             self.targets = _checked_targets(targets, len(self.rows))
         self.transform = transform
         self.as_float = bool(as_float)
-        # set on the copy a loader reads through (see dataloader()), never on the user's dataset
-        self._batch_transform: BatchTransform | dict[str, BatchTransform] | None = None
-        self._transform_takes_generator: bool | dict[str, bool] = False
         if self.fields is not None:
             return
         src = np.dtype(store.spec.dtype)
@@ -345,42 +353,53 @@ class StoreDataset(Dataset[Any]):
         """
         return self._batch(indices, shared=get_worker_info() is not None)
 
-    def _batch(self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], shared: bool) -> Any:
+    def _batch(
+        self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], shared: bool,
+        augment: _BatchTransforms | None = None,
+    ) -> Any:
+        """The batch of ``indices``, gathered in shared memory if ``shared``, with the batch
+        transforms of ``augment`` applied (those of a :meth:`dataloader`)."""
         idx = np.asarray(indices, dtype=np.int64)
         rows = self.rows[idx]  # IndexError for out-of-range indices
+        seed = getattr(indices, "seed", None)
         if self.fields is not None:
-            batch = self._records(rows, getattr(indices, "seed", None), shared)
+            batch = self._records(rows, seed, shared, augment)
             return batch if self.targets is None else (batch, torch.from_numpy(self.targets[idx]))
-        if self._batch_transform is None:
+        if augment is None:
             x = self._gather(rows, shared)
         else:
-            x = self._transformed(rows, getattr(indices, "seed", None), shared)
+            x = self._transformed(rows, seed, shared, augment)
         if self.transform is not None:
             x = torch.stack([self.transform(item) for item in x.unbind(0)])
         if self.targets is None:
             return x
         return x, torch.from_numpy(self.targets[idx])
 
-    def _records(self, rows: npt.NDArray[np.int64], seed: int | None, shared: bool) -> dict[str, Any]:
+    def _records(
+        self, rows: npt.NDArray[np.int64], seed: int | None, shared: bool,
+        augment: _BatchTransforms | None,
+    ) -> dict[str, Any]:
         """A batch of records: one gather per field, then each field's batch transform."""
         assert self.fields is not None
         batch = record_batch(self.store, rows, self.fields, ragged=self.ragged,
                              pad_value=self.pad_value, max_len=self.max_len, shared=shared)
-        transforms = self._batch_transform
+        transforms = None if augment is None else augment.fn
         if isinstance(transforms, dict):
-            takes = self._transform_takes_generator
+            assert augment is not None
+            takes = augment.takes_generator
             assert isinstance(takes, dict)
             for name, fn in transforms.items():
                 x = batch[name]
                 batch[name] = fn(x) if seed is None else apply_seeded(fn, x, seed, takes[name])
         return batch
 
-    def _transformed(self, rows: npt.NDArray[np.int64], seed: int | None, shared: bool) -> torch.Tensor:
+    def _transformed(
+        self, rows: npt.NDArray[np.int64], seed: int | None, shared: bool,
+        augment: _BatchTransforms,
+    ) -> torch.Tensor:
         """Gather in the stored dtype, run the batch transform, then ``as_float``."""
-        fn = self._batch_transform
-        assert fn is not None and not isinstance(fn, dict)
-        takes = self._transform_takes_generator
-        assert isinstance(takes, bool)
+        fn, takes = augment.fn, augment.takes_generator
+        assert not isinstance(fn, dict) and isinstance(takes, bool)
         raw = torch.from_numpy(self.store.take(rows))
         # indices from elsewhere than a StoreSampler (no seed): torch's global RNG
         x = fn(raw) if seed is None else apply_seeded(fn, raw, seed, takes)
@@ -491,13 +510,10 @@ class StoreDataset(Dataset[Any]):
             if name in kwargs:
                 raise TypeError(f"dataloader() chooses {name} itself; do not pass {name}=")
         sampler = self._sampler(sampler, batch_size, shuffle, drop_last, seed, generator)
-        view = self
-        if batch_transform is not None:
-            view = object.__new__(type(self))
-            view.__dict__.update(self.__dict__)  # shares the store, rows and targets
-            view._batch_transform, view._transform_takes_generator = self._checked_batch_transform(
-                batch_transform)
-        return StoreLoader(view, sampler, keys=self._keys, **kwargs)
+        dataset: Dataset[Any] = self
+        if batch_transform is not None:  # the dataset itself is left as it is
+            dataset = _Augmented(self, self._checked_batch_transform(batch_transform))
+        return StoreLoader(dataset, sampler, keys=self._keys, **kwargs)
 
     def _sampler(
         self, sampler: StoreSampler | None, batch_size: int | None, shuffle: bool | None,
@@ -539,7 +555,7 @@ class StoreDataset(Dataset[Any]):
 
     def _checked_batch_transform(
         self, batch_transform: BatchTransform | dict[str, BatchTransform],
-    ) -> tuple[BatchTransform | dict[str, BatchTransform], bool | dict[str, bool]]:
+    ) -> _BatchTransforms:
         """``batch_transform`` checked against the served fields, and whether each takes a
         generator."""
         if isinstance(batch_transform, dict):
@@ -550,14 +566,14 @@ class StoreDataset(Dataset[Any]):
                 if name not in self.fields or not callable(fn):
                     raise TypeError(f"batch_transform[{name!r}] must be a callable of a "
                                     f"served field ({list(self.fields)})")
-            return dict(batch_transform), {
-                name: accepts_generator(fn) for name, fn in batch_transform.items()}
+            return _BatchTransforms(dict(batch_transform), {
+                name: accepts_generator(fn) for name, fn in batch_transform.items()})
         else:
             if not callable(batch_transform):
                 raise TypeError(f"batch_transform must be callable, got {batch_transform!r}")
             if self.fields is not None:
                 raise TypeError("a store of records takes batch_transform={field: fn}")
-            return batch_transform, accepts_generator(batch_transform)
+            return _BatchTransforms(batch_transform, accepts_generator(batch_transform))
 
     def _keys(self) -> list[str]:
         """The key of every item, in order (what the loader's digest covers)."""
@@ -602,3 +618,23 @@ class StoreDataset(Dataset[Any]):
         # leave glibc's heap growing by every batch (about the size of each epoch).
         data = store.take(rows)
         return torch.from_numpy(to_float32(data) if self.as_float else data)
+
+
+class _Augmented(Dataset[Any]):
+    """What the loader of ``dataloader(batch_transform=...)`` reads: the dataset's items,
+    and its batches with the batch transforms applied (picklable, as the dataset is)."""
+
+    def __init__(self, dataset: StoreDataset, augment: _BatchTransforms) -> None:
+        self.dataset = dataset
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int | slice | Sequence[int] | npt.NDArray[np.integer[Any]]) -> Any:
+        if isinstance(index, (int, np.integer)):
+            return self.dataset[int(index)]
+        if isinstance(index, slice):
+            index = np.arange(len(self))[index]
+        return self.dataset._batch(index, shared=get_worker_info() is not None,
+                                   augment=self.augment)

@@ -30,7 +30,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch.utils.data._utils import collate as _collate
 
 from ..format import Fixed, Ragged, Text
 from ..reader import CacheStore, view_of
@@ -123,25 +122,32 @@ def record_batch(
     return out
 
 
-class _NeedsCollate:
-    """A sample of a batch only :func:`~tensorstore_cache.torch.collate` can batch."""
+class _NeedsCollate(Sequence[Any]):
+    """A sample of a batch only :func:`~tensorstore_cache.torch.collate` can batch.
+
+    torch offers no public way to teach its default collate a type (its
+    registry lives in a private module); it takes a value of a type it does
+    not know for a sequence and asks for its length first, which raises here
+    the :class:`TypeError` that says what to do.
+    """
 
     __slots__ = ("mode",)
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
 
+    def _refuse(self) -> TypeError:
+        return TypeError(
+            f"ragged={self.mode!r} batches are made whole by the dataset: pass "
+            "collate_fn=tensorstore_cache.torch.collate to the DataLoader (or use "
+            "ds.dataloader(...)), or ragged='pad', which torch's default collate stacks"
+        )
 
-def _refuse(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
-    mode = batch[0].mode if batch else "packed"
-    raise TypeError(
-        f"ragged={mode!r} batches are made whole by the dataset: pass "
-        "collate_fn=tensorstore_cache.torch.collate to the DataLoader (or use ds.dataloader(...)), "
-        "or ragged='pad', which torch's default collate stacks"
-    )
+    def __len__(self) -> int:
+        raise self._refuse()
 
-
-_collate.default_collate_fn_map[_NeedsCollate] = _refuse
+    def __getitem__(self, index: Any) -> Any:
+        raise self._refuse()
 
 
 def record_samples(

@@ -25,7 +25,7 @@ from .pool import BuildPool
 from .probe import Probe, probe
 from .tasks import Computed
 
-__all__ = ["Plan", "plan", "per_key"]
+__all__ = ["Plan", "per_key", "plan"]
 
 
 def per_key(fn: Loader | BatchLoader) -> Loader:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Edge", "Graph", "cycles", "mutual", "read_graph"]
+__all__ = ["Edge", "Graph", "cycles", "imported_from", "mutual", "read_graph"]
 
 ROOT = Path(__file__).resolve().parents[2] / "tensorstore_cache"
 
@@ -71,6 +71,18 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
+def imported_from(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute name of the module a ``from ... import`` statement of ``module`` (a
+    package's ``__init__`` if ``is_package``) imports from."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 class _Collector(ast.NodeVisitor):
     def __init__(self, module: str, is_package: bool, known: set[str]) -> None:
         self.module = module
@@ -115,14 +127,7 @@ class _Collector(ast.NodeVisitor):
             self._add(alias.name, node.lineno)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level:
-            base = self.module.split(".")
-            if not self.is_package:
-                base = base[:-1]
-            base = base[: len(base) - (node.level - 1)]
-            prefix = ".".join(base + ([node.module] if node.module else []))
-        else:
-            prefix = node.module or ""
+        prefix = imported_from(node, self.module, self.is_package)
         for alias in node.names:
             full = f"{prefix}.{alias.name}"
             self._add(full if full in self.known else prefix, node.lineno)

@@ -17,43 +17,30 @@ from typing import TYPE_CHECKING
 from .._interface import interface
 
 if TYPE_CHECKING:
-    from .origin import distribution_version, is_user_file
+    from .origin import distribution_version
     from .report import (
         AUTO_PREFIX,
-        CAP_ENV,
         LoaderFingerprint,
         check_loader_id,
-        default_cap,
         explain_change,
         loader_fingerprint,
-        loader_name,
         moving_components,
     )
-    from .values import DEFAULT_CAP, EXECUTION_SETTINGS, Component
 
 #: Every name of the interface, by the module defining it.
 _MODULES = {
-    "origin": ("distribution_version", "is_user_file"),
-    "report": ("AUTO_PREFIX", "CAP_ENV", "LoaderFingerprint", "check_loader_id", "default_cap",
-               "explain_change",
-               "loader_fingerprint", "loader_name", "moving_components"),
-    "values": ("Component", "DEFAULT_CAP", "EXECUTION_SETTINGS"),
+    "origin": ("distribution_version",),
+    "report": ("AUTO_PREFIX", "LoaderFingerprint", "check_loader_id", "explain_change",
+               "loader_fingerprint", "moving_components"),
 }
 
 __all__ = [
     "AUTO_PREFIX",
-    "CAP_ENV",
-    "Component",
-    "DEFAULT_CAP",
-    "EXECUTION_SETTINGS",
     "LoaderFingerprint",
     "check_loader_id",
-    "default_cap",
     "distribution_version",
     "explain_change",
-    "is_user_file",
     "loader_fingerprint",
-    "loader_name",
     "moving_components",
 ]
 

@@ -30,7 +30,7 @@ from ..loaders import BatchLoader
 from .kinds import ENCODERS, METADATA, atomic, refusal, slot_names, state_kind, sync_types
 from .origin import is_user_class, is_user_module
 
-__all__ = ["DEFAULT_CAP", "EXECUTION_SETTINGS", "MAX_DEPTH", "Component", "ValueWalk", "digest"]
+__all__ = ["Component", "DEFAULT_CAP", "EXECUTION_SETTINGS", "MAX_DEPTH", "ValueWalk", "digest"]
 
 #: Bytes a fingerprint reads at most (256 MiB): of arrays and tensors, and of Python containers
 #: (their size in memory and their items' encoded size).

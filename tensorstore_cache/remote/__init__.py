@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         parse_manifest,
     )
     from .node_cache import NodeCache, Removed, collect, requested_cap
-    from .objects import DirectoryObjects, Objects, S3Objects, WriteDeniedError, objects_at
+    from .objects import DirectoryObjects, S3Objects, WriteDeniedError, objects_at
     from .survey import RemoteCacheInfo, collect_remote, survey_prefix
     from .upload import (
         check_target,
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
         is_url,
         node_dir,
         open_url_dir,
-        public_options,
         redact,
         reduce_public,
         remote_cache_root,
@@ -67,11 +66,11 @@ _MODULES = {
     "lease": ("Lease", "LeaseTimes", "acquire", "monotonic", "stage"),
     "manifests": ("PartRef", "RemoteManifest", "RemoteNamespace", "check_conditional",
                   "parse_manifest"),
-    "objects": ("DirectoryObjects", "Objects", "S3Objects", "WriteDeniedError", "objects_at"),
+    "objects": ("DirectoryObjects", "S3Objects", "WriteDeniedError", "objects_at"),
     "node_cache": ("NodeCache", "Removed", "collect", "requested_cap"),
     "upload": ("check_target", "discard_files", "discard_upload", "download_files", "shared_between_processes", "staging_dir", "upload_file", "upload_store", "withdraw_store"),
     "survey": ("RemoteCacheInfo", "collect_remote", "survey_prefix"),
-    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "public_options", "redact", "reduce_public",
+    "urls": ("file_url_path", "is_url", "node_dir", "open_url_dir", "redact", "reduce_public",
              "remote_cache_root", "shared_scheme", "url_dir"),
 }
 
@@ -82,7 +81,6 @@ __all__ = [
     "Lease",
     "LeaseTimes",
     "NodeCache",
-    "Objects",
     "PartRef",
     "REMOTE_VERSION",
     "RemoteCacheInfo",
@@ -111,7 +109,6 @@ __all__ = [
     "objects_at",
     "open_url_dir",
     "parse_manifest",
-    "public_options",
     "redact",
     "reduce_public",
     "remote_cache_root",

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ..errors import CorruptStoreError
 
-__all__ = ["REMOTE_VERSION", "Kind", "check_document", "document", "kind_name"]
+__all__ = ["Kind", "REMOTE_VERSION", "check_document", "document", "kind_name"]
 
 #: The version of the remote namespace's layout and objects this release writes and reads.
 REMOTE_VERSION = 1

@@ -25,22 +25,13 @@ REPO = ROOT.parent
 INTERFACES = ("cache", "format", "fs", "identity", "reader", "remote", "writer", "writer.device")
 #: Where the users of an interface are.
 USERS = ("tensorstore_cache", "tests", "benchmarks", "examples")
-#: Names of an interface that nothing outside it uses yet, until they are used or deleted:
-#: a name listed that is used (or gone) fails the test too.
-NOT_YET_USED = {
-    "identity": {"CAP_ENV", "Component", "DEFAULT_CAP", "EXECUTION_SETTINGS", "default_cap",
-                 "is_user_file", "loader_name"},
-    "remote": {"Objects"},
-}
-#: Modules whose ``__all__`` is not sorted yet (a module listed that is sorted fails too).
-NOT_YET_SORTED = {"tensorstore_cache.identity.walk", "tensorstore_cache.remote.documents"}
 
 
 def test_every_all_is_sorted_without_repeats_and_names_what_its_module_binds() -> None:
     exports = read_exports(REPO, "tensorstore_cache")
     assert len(exports) > 50  # every module with a list was read
     unsorted = {e.module for e in exports if e.names != sorted(set(e.names))}
-    assert unsorted == NOT_YET_SORTED
+    assert unsorted == set()
     unbound = {e.module: sorted(set(e.names) - e.bound) for e in exports
                if not set(e.names) <= e.bound and "_MODULES" not in e.bound}
     assert unbound == {}
@@ -68,9 +59,8 @@ def _unused(root: Path, package: str, users: tuple[str, ...]) -> set[str]:
 @pytest.mark.parametrize("sub", INTERFACES)
 def test_an_interface_names_only_what_is_used_outside_it(sub: str) -> None:
     unused = _unused(REPO, f"tensorstore_cache.{sub}", USERS)
-    assert unused == NOT_YET_USED.get(sub, set()), (
-        "interface names nothing outside the subpackage imports: delete them from its "
-        "__init__.py (or, once used, from NOT_YET_USED)"
+    assert unused == set(), (
+        "interface names nothing outside the subpackage imports: delete them from its __init__.py"
     )
 
 

@@ -8,8 +8,9 @@ Conditional writes (``If-None-Match``/``If-Match``) are serialised per key: moto
 checks the condition and then writes without a lock, so two threaded requests
 could both win. Faults are injected on request (:class:`Fault`, ``POST
 /_tsc/faults``): a lost response (the write is applied, the client is told 500
-and retries), a late one (``late``: the write is applied and its answer held for
-``seconds``, past the client's read timeout, so the client retries), ``409
+and retries), a late one (``late``: the write is applied and its answer held until the
+client, having given up waiting, sends the request again; a client still waiting after
+``seconds`` has its connection closed without an answer), ``409
 ConditionalRequestConflict``, ``403 AccessDenied`` (``denied``), ``503 SlowDown``, a
 stall before the request is served, and a server that ignores conditional headers.
 
@@ -22,8 +23,10 @@ Used by the tests of remote stores and by ``benchmarks/remote/remote.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -88,6 +91,8 @@ class CountingS3:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _key_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _busy: int = 0
+    _arrived: dict[str, int] = field(default_factory=dict)  # requests per "METHOD key"
+    _arrival: threading.Condition = field(default_factory=threading.Condition)
 
     def settle(self, timeout: float = 10.0) -> None:
         """Wait until every request being served has finished (and is logged)."""
@@ -184,6 +189,10 @@ class CountingS3:
 
             with self._lock:
                 self._busy += 1
+            with self._arrival:
+                what = f"{environ['REQUEST_METHOD']} {path.lstrip('/')}"
+                self._arrived[what] = self._arrived.get(what, 0) + 1
+                self._arrival.notify_all()
             started = time.monotonic()
             try:
                 served = self._serve(app, environ, recording_start, path.lstrip("/"))
@@ -216,6 +225,9 @@ class CountingS3:
         signer = auth.split("Credential=", 1)[1].split("/", 1)[0] if "Credential=" in auth else ""
         fault = self._take_fault(environ["REQUEST_METHOD"], key, signer)
         kind = fault.kind if fault is not None else None
+        what = f"{environ['REQUEST_METHOD']} {key}"
+        with self._arrival:
+            arrived = self._arrived.get(what, 0)  # this request included
         if fault is not None and kind == "stall":
             held = f"{environ['REQUEST_METHOD']} {key}"
             with self._lock:
@@ -244,7 +256,8 @@ class CountingS3:
             served = app(environ, start_response if kind != "lost" else lambda *a: None)
         if kind == "late":  # applied, but answered after the client has given up waiting
             served = list(served)
-            time.sleep(fault.seconds if fault is not None else 0.0)
+            if not self._until_retried(what, arrived, fault.seconds if fault is not None else 0.0):
+                _drop(environ)  # the client still waits: it gets no answer at all
             return served
         if kind == "lost":  # applied, but the answer never reaches the client
             served = list(served)
@@ -252,6 +265,16 @@ class CountingS3:
             start_response(st, [("Content-Type", "application/xml")])
             return [body]
         return served
+
+    def _until_retried(self, what: str, seen: int, seconds: float) -> bool:
+        """Hold a late answer until the client sends the same request again (it does so only
+        once it has given up waiting for this one: more than ``seen`` such requests have
+        arrived), ``seconds`` at most; whether it did."""
+        deadline = time.monotonic() + seconds
+        with self._arrival:
+            while self._arrived.get(what, 0) <= seen and time.monotonic() < deadline:
+                self._arrival.wait(max(0.0, deadline - time.monotonic()))
+            return self._arrived.get(what, 0) > seen
 
     def _count(self, body: Iterable[bytes], method: str, key: str, status: list[int],
                rng: str | None, stall: tuple[int, float] | None,
@@ -276,6 +299,14 @@ class CountingS3:
                 self.log.append(Request(method, key, status[0], sent, rng, started,
                                         time.monotonic()))
                 self._busy -= 1
+
+
+def _drop(environ: dict[str, Any]) -> None:
+    """Close the connection of a request without answering it (the client sees it reset)."""
+    sock = environ.get("werkzeug.socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class S3Process:

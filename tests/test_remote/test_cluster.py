@@ -255,13 +255,14 @@ def test_a_flaky_server(s3: S3Process, prefix: str, tmp_path: Path) -> None:
 def test_answers_later_than_the_clients_read_timeout(s3: S3Process, prefix: str,
                                                     tmp_path: Path) -> None:
     """The server applies the first create of the store probe, of a lease and of a manifest
-    but answers each only after the client's read timeout (1 s here): the client retries and
-    is told 412, the object read back holds its own token, so each is recognised as its own
-    create (a false "exists" would refuse the store as ignoring create-only writes, or wait
-    on its own lease). 2 nodes: each key computed exactly once, every vector right."""
-    s3.inject([Fault("late", "/.tsc-probe/", "PUT", count=1, seconds=3.0),
-               Fault("late", "/leases/", "PUT", count=1, seconds=3.0),
-               Fault("late", "/manifests/", "PUT", count=1, seconds=3.0)])
+    but answers each only once the client, past its read timeout (1 s here), has sent it
+    again: the retry is told 412, the object read back holds the client's own token, so each
+    is recognised as its own create (a false "exists" would refuse the store as ignoring
+    create-only writes, or wait on its own lease). 2 nodes: each key computed exactly once,
+    every vector right."""
+    s3.inject([Fault("late", "/.tsc-probe/", "PUT", count=1, seconds=5.0),
+               Fault("late", "/leases/", "PUT", count=1, seconds=5.0),
+               Fault("late", "/manifests/", "PUT", count=1, seconds=5.0)])
     so = {**s3.storage_options(), "config_kwargs": {"read_timeout": 1}}
     log = tmp_path / "log"
     verdicts = _nodes(tmp_path, prefix, lambda n: spec_env(log, ttl=TTL), nodes=2, agents=1,

@@ -33,6 +33,7 @@ from benchmarks.common.methods import METHODS
 from benchmarks.run import _rounds
 from benchmarks.run._driver import AgentError
 
+from ..support._failing_methods import SLEEPING
 from .test_bench_reports import absolute_paths
 
 for _module in ("torch", "pandas", "datasets", "zarr", "matplotlib"):
@@ -43,6 +44,7 @@ KILLED = "tests.support._failing_methods:KILLED"
 RAISES = "tests.support._failing_methods:RAISES"
 SLEEPS = "tests.support._failing_methods:SLEEPS"
 TIMEOUT_S = 30.0
+HANG_GUARD_S = 240.0  # a guard against hangs on a loaded machine, not a timing assertion
 GB = 1e9
 
 
@@ -158,12 +160,13 @@ def test_an_interrupted_run_keeps_its_figures_and_resume_goes_on(tmp_path: Path)
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 240
-        while not (file.exists() and "no_cache" in json.loads(file.read_text())["methods"]):
+        deadline = time.monotonic() + HANG_GUARD_S
+        # no_cache is written, and SLEEPS's 1-agent round has begun: its agent sleeps
+        while not (file.exists() and "no_cache" in json.loads(file.read_text())["methods"]
+                   and any(work.rglob(SLEEPING))):
             assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "no_cache was never written"
+            assert time.monotonic() < deadline, "no agent of the 1-agent round began to sleep"
             time.sleep(0.2)
-        time.sleep(3)  # SLEEPS's 1-agent round has begun: an agent sleeps
         children = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)

@@ -240,6 +240,12 @@ def test_sigkill_at_every_io_step(fast_tmp: Path, overwrite: bool) -> None:
     assert len(flips) == 1, seen
     published_by = steps[flips[0] - 1]
     assert published_by == "rename", (flips, published_by)
+    # durable before published: every file's writes are followed by its fsync, and the
+    # publishing rename by nothing but the fsync of the directories before it
+    for i, step in enumerate(steps):
+        if step == "write":
+            assert steps[i + 1] in ("write", "fsync"), (i, steps[i : i + 2])
+    assert steps[flips[0] - 2] == "fsync_dir", steps[flips[0] - 4 : flips[0]]
     # and a new build over what a killed builder left succeeds and collects its debris itself
     left = 0
     for res in rebuilt:

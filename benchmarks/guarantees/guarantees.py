@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common._record import add_results_options
 from benchmarks.common._report import compile_sources, environment, publish
 from benchmarks.common._results import ResultsFile
 from benchmarks.common._stamp import run_stamp
 from benchmarks.guarantees import interrupts, sharing
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "guarantees"
 MIB = 1 << 20
 
 
@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.9,
                         help="seconds of the loader's every call (default 0.9)")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--out", default="guarantees", help="results name (default guarantees)")
+    add_results_options(parser, "guarantees")
     args = parser.parse_args(argv)
     base = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-bench").resolve()
     work = base / "guarantees"

@@ -1,10 +1,11 @@
 """Measurements behind the scale estimates: per-core decode rate, shard writes, 10M-key index.
 
-Run ``python -m benchmarks.scale --out /tmp/tsc-scale`` (about five minutes on
-two cores; ``--keys 1000000`` for a quicker run). It prints one table and,
-with ``--json FILE``, writes the figures as JSON. Every figure is measured on
-this machine; nothing is extrapolated here (the extrapolation to many nodes is
-arithmetic on these figures, done in the documentation).
+Run ``python -m benchmarks.scale [--workdir DIR]`` (about five minutes on two cores;
+``--keys 1000000`` for a quicker run). It prints one table and writes it, with the
+figures, to ``benchmarks/results/scale/scale.json`` and ``.md``, stamped with the run
+(``--results DIR``, ``--out NAME`` write them elsewhere). Every figure is measured on this
+machine; nothing is extrapolated here (the extrapolation to many nodes is arithmetic on
+these figures, done in the documentation).
 
 Sections
 --------
@@ -26,7 +27,6 @@ index       the coordinator's index write for N keys alone; a full N-key
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import resource
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 import tensorstore_cache as tsc
-from benchmarks.common._portable import portable
+from benchmarks.common._record import Record, add_results_options
 from tensorstore_cache.config import SHARD_BYTES
 from tensorstore_cache.format.metadata import GroupMetadata, expected_files
 from tensorstore_cache.format.shard import write_shard
@@ -317,12 +317,15 @@ def _table(results: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--workdir", default=None,
+                        help="work directory (default: a temporary one)")
     parser.add_argument("--images", type=int, default=3000, help="generated covers to decode")
     parser.add_argument("--keys", default="10000000", help="comma-separated index sizes")
-    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    add_results_options(parser, "scale")
     args = parser.parse_args(argv)
-    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tsc-scale-"))
+    record = Record("benchmarks.scale", argv, results=args.results, name=args.out)
+    record.config = {"images": args.images, "keys": args.keys}
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tsc-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, float] = {"cores": float(len(os.sched_getaffinity(0)))}
     generate(work / "covers", args.images, seed=0, quiet=True)
@@ -341,9 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         got = step()
         results.update(got)
         print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
-    print(_table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(portable(results), indent=1) + "\n")
+    record.figures.update(results)
+    record.print("```text")
+    record.print(_table(results))
+    record.print("```")
+    record.save(workdir=work)
     return 0
 
 

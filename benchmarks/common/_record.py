@@ -70,7 +70,9 @@ class Record:
 
     def save(self, **places: str | os.PathLike[str] | None) -> str:
         """Write the figures and the kept lines, stamped, with the run's directories by name
-        (``workdir=...``) written as placeholders; the table as written."""
+        (``workdir=...``; the results directory as ``<results>``) written as placeholders;
+        the table as written."""
+        places = {"results": self.files.directory, **places}
         report = {"env": self.env, "config": self.config, "figures": self.figures}
         load = ", ".join(f"{x:.1f}" for x in self.env.get("loadavg_at_start") or [])
         lines = portable([f"Load average at the start: {load}.", "", *self.lines], **places)

@@ -32,6 +32,7 @@ from benchmarks.common._stamp import run_stamp
 from benchmarks.guarantees import interrupts, sharing
 
 MIB = 1 << 20
+PARTS = ("stopping", "sharing")
 
 
 def log(msg: str) -> None:
@@ -72,11 +73,9 @@ def sharing_figures(work: Path) -> dict[str, Any]:
     return out
 
 
-def table(report: dict[str, Any]) -> str:
-    s, cfg = report["sharing"], report["config"]
-    load = ", ".join(f"{x:.1f}" for x in report["env"].get("loadavg_at_start") or [])
-    lines = ["# The guarantees page's figures", "", f"Load average at the start: {load}.", "",
-             f"A build with workers=2, a loader of {cfg['delay_s']:g} s a call, stopped once its "
+def _stopping_table(report: dict[str, Any]) -> list[str]:
+    cfg = report["config"]
+    lines = [f"A build with workers=2, a loader of {cfg['delay_s']:g} s a call, stopped once its "
              f"process and its worker compute; {cfg['rounds']} rounds, seconds from the signal:",
              "", "| event | handled: median | handled: max | all gone: median | all gone: max |",
              "|---|---:|---:|---:|---:|"]
@@ -86,10 +85,14 @@ def table(report: dict[str, Any]) -> str:
             fig = per.get(key)
             cells += ["-", "-"] if fig is None else [f"{fig['median_s']:.2f}", f"{fig['max_s']:.2f}"]
         lines.append(f"| {event} | " + " | ".join(cells) + " |")
-    lines += ["", f"{s['readers']} readers of a {s['store_bytes'] / MIB:.0f} MiB store, USS growth "
-              "of each (MiB), and the store's pages each holds alone (KiB):", "",
-              "| readers | views: USS growth | views: private | a copy: USS growth |",
-              "|---|---|---|---|"]
+    return [*lines, ""]
+
+
+def _sharing_table(s: dict[str, Any]) -> list[str]:
+    lines = [f"{s['readers']} readers of a {s['store_bytes'] / MIB:.0f} MiB store, USS growth "
+             "of each (MiB), and the store's pages each holds alone (KiB):", "",
+             "| readers | views: USS growth | views: private | a copy: USS growth |",
+             "|---|---|---|---|"]
     for method in ("spawn", "fork"):
         views, copy = s[method]["views"], s[method]["copy"]
         lines.append(
@@ -102,6 +105,16 @@ def table(report: dict[str, Any]) -> str:
               f"vector {[round(x / MIB, 2) for x in f['one']]}, gathering {f['batch_rows']} "
               f"vectors ({f['batch_bytes'] / MIB:.1f} MiB) {[round(x / MIB, 2) for x in f['batch']]}.",
               ""]
+    return lines
+
+
+def table(report: dict[str, Any]) -> str:
+    load = ", ".join(f"{x:.1f}" for x in report["env"].get("loadavg_at_start") or [])
+    lines = ["# The guarantees page's figures", "", f"Load average at the start: {load}.", ""]
+    if "stopping" in report:
+        lines += _stopping_table(report)
+    if "sharing" in report:
+        lines += _sharing_table(report["sharing"])
     return "\n".join(lines)
 
 
@@ -111,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.9,
                         help="seconds of the loader's every call (default 0.9)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what to measure (default: both)")
     add_results_options(parser, "guarantees")
     args = parser.parse_args(argv)
     base = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-bench").resolve()
@@ -121,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     run = run_stamp("benchmarks.guarantees", argv, env)
     report: dict[str, Any] = {"env": env, "config": {"rounds": args.rounds, "delay_s": args.delay}}
-    report["stopping"] = stopping(work, args.rounds, args.delay)
-    report["sharing"] = sharing_figures(work)
+    if "stopping" in args.parts:
+        report["stopping"] = stopping(work, args.rounds, args.delay)
+    if "sharing" in args.parts:
+        report["sharing"] = sharing_figures(work)
     shutil.rmtree(work, ignore_errors=True)
     print(publish(ResultsFile(args.results, args.out), report, table, run, workdir=base,
                   results=args.results))

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     datasets.disable_progress_bars()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the datasets are saved (default: a temporary directory)")
     parser.add_argument("--results", type=Path, default=RESULTS / "run",
                         help="results directory (default benchmarks/results/run)")
     parser.add_argument("--out", default="hf-features", help="results name (default hf-features)")
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     record.print(f"{n:,} vectors of 3x32x32 float32, datasets {datasets.__version__}")
     record.print("| feature type | single items/s | batch-256 items/s |")
     record.print("|---|---:|---:|")
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name, feats in features.items():
             column = vectors.reshape(n, -1) if name == "fixed-size list" else vectors
             ds = datasets.Dataset.from_dict({"v": column}, features=feats)
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = _rate(lambda rows, d=ds: d[rows]["v"], batches) * 256
             record.figures[name] = {"single_items_per_s": single, "batch_items_per_s": batch}
             record.print(f"| {name} | {single:,.0f} | {batch:,.0f} |")
-    record.save()
+    record.save(workdir=args.workdir)
     return 0
 
 

@@ -209,7 +209,7 @@ def measure_metadata(work: Path, n: int = 10_000_000) -> dict[str, float]:
                 GroupMetadata.read(root)
             times.append(c.cpu)
         shards = math.ceil(n / spec.rows_per_shard)
-        tag = f"meta10M_{dtype}_{workers}w"
+        tag = f"meta{_size_tag(n)}_{dtype}_{workers}w"
         out[f"{tag}_rows_per_shard"] = spec.rows_per_shard
         out[f"{tag}_shards"] = shards
         out[f"{tag}_shard_MB"] = spec.rows_per_shard * item_nbytes / 1e6
@@ -243,9 +243,14 @@ def _lookup_rate(fn: Any, items: list[Any], repeats: int = 3) -> float:
     return _rate(len(items), best)
 
 
+def _size_tag(n: int) -> str:
+    """``10M`` for 10,000,000, ``2000`` for 2,000: how a size names its figures."""
+    return f"{n // 1_000_000}M" if n >= 1_000_000 else str(n)
+
+
 def measure_index(work: Path, n: int) -> dict[str, float]:
     out: dict[str, float] = {}
-    tag = f"{n // 1_000_000}M" if n >= 1_000_000 else str(n)
+    tag = _size_tag(n)
     t0 = time.perf_counter()
     keys = _synthetic_keys(n)
     out[f"index{tag}_make_keys_s"] = time.perf_counter() - t0
@@ -321,10 +326,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="work directory (default: a temporary one)")
     parser.add_argument("--images", type=int, default=3000, help="generated covers to decode")
     parser.add_argument("--keys", default="10000000", help="comma-separated index sizes")
+    parser.add_argument("--metadata-images", type=int, default=10_000_000,
+                        help="images of the store whose metadata is written and parsed")
     add_results_options(parser, "scale")
     args = parser.parse_args(argv)
     record = Record("benchmarks.scale", argv, results=args.results, name=args.out)
-    record.config = {"images": args.images, "keys": args.keys}
+    record.config = {"images": args.images, "keys": args.keys,
+                     "metadata_images": args.metadata_images}
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tsc-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, float] = {"cores": float(len(os.sched_getaffinity(0)))}
@@ -336,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         ("shard", lambda: measure_shard_writes(work)),
         ("mmaps", lambda: measure_mmaps(work)),
         ("copy", lambda: measure_copy(work)),
-        ("metadata", lambda: measure_metadata(work)),
+        ("metadata", lambda: measure_metadata(work, args.metadata_images)),
     ]
     steps += [(f"index {n}", lambda n=n: measure_index(work, n)) for n in map(int, args.keys.split(",")) if n]
     for name, step in steps:

@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     record.print(f"torch {torch.__version__}, numpy {np.__version__}, {record.env['platform']}; "
                  "torch.set_num_threads(1)")
     torch.set_num_threads(1)  # as in DataLoader workers; two threads thrash on a busy 2-core machine
+    if args.workdir is not None:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         if "batching" in args.only:
             batching(args, tmp, record)

@@ -50,7 +50,8 @@ PROGRAMS: list[tuple[str, list[str], str, list[str]]] = [
 
 
 def _figures(report: dict[str, Any]) -> dict[str, Any]:
-    return report.get("figures", report)
+    figures: dict[str, Any] = report.get("figures", report)
+    return figures
 
 
 @pytest.mark.timeout(HANG_GUARD_S + 60)

@@ -33,7 +33,7 @@ from benchmarks.common.methods import METHODS
 from benchmarks.run import _rounds
 from benchmarks.run._driver import AgentError
 
-from ..support._failing_methods import SLEEPING
+from ..support._failing_methods import SLEEPING, SleepsInRoundOfOne
 from .test_bench_reports import absolute_paths
 
 for _module in ("torch", "pandas", "datasets", "zarr", "matplotlib"):
@@ -43,7 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 KILLED = "tests.support._failing_methods:KILLED"
 RAISES = "tests.support._failing_methods:RAISES"
 SLEEPS = "tests.support._failing_methods:SLEEPS"
-TIMEOUT_S = 30.0
+TIMEOUT_S = float(SleepsInRoundOfOne.agent_timeout_s or 0)  # the sleeping method's own limit
+RUN_TIMEOUT_S = 600.0  # every other method's: a guard against hangs, not a timing assertion
 HANG_GUARD_S = 240.0  # a guard against hangs on a loaded machine, not a timing assertion
 GB = 1e9
 
@@ -58,7 +59,7 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any
     root = tmp_path_factory.mktemp("failing")
     proc = _bench("--workdir", str(root / "work"), "--results", str(root / "results"),
                   "--out", "failing", "--methods", f"no_cache,{KILLED},{RAISES},{SLEEPS}",
-                  "--agents", "1,2", "--agent-timeout", str(TIMEOUT_S))
+                  "--agents", "1,2", "--agent-timeout", str(RUN_TIMEOUT_S))
     assert proc.returncode == 0, proc.stderr[-6000:]
     report = json.loads((root / "results" / "failing.json").read_text())
     table = (root / "results" / "failing.md").read_text()

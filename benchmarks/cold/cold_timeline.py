@@ -8,7 +8,9 @@ and prints, in seconds since the call, when the pool was started and returned, w
 process started, had its imports done (its loader received), computed its first item and its
 last, when the pool was closed, the store published, opened, and the call returned. The
 building process's stamps are taken by wrapping the library's own functions; nothing else is
-changed. Nothing is written but the covers and the stores, removed after each round.
+changed. The stores are removed after each round; what is printed is written, with every
+round's events, to ``benchmarks/results/cold/timeline.json`` and ``.md``, stamped with the run
+(``--results DIR``, ``--out NAME`` write them elsewhere).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import tensorstore_cache as tsc
 from benchmarks.common import make_images
+from benchmarks.common._record import Record, add_results_options
 from benchmarks.common._report import compile_sources
 from benchmarks.common._timeline import Stamps
 from benchmarks.records import records_data
@@ -149,8 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the covers are made (default: $TMPDIR/tensorstore-cache-cold)")
     parser.add_argument("--seed", type=int, default=0)
+    add_results_options(parser, "cold")
+    parser.set_defaults(out="timeline")
     args = parser.parse_args(argv)
     compile_sources()
+    record = Record("benchmarks.cold.cold_timeline", argv, results=args.results, name=args.out)
+    record.config = {"images": args.images, "rounds": args.rounds, "kinds": args.kinds}
     workdir = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-cold").resolve()
     data = workdir / f"data-{args.images}-s{args.seed}"
     make_images.generate(data, args.images, args.seed, quiet=True)
@@ -159,11 +166,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in keys:  # every build starts with the covers in the page cache
         with open(p, "rb") as f:
             f.read()
-    print(f"load average at the start: {os.getloadavg()[0]:.2f}")
+    record.print("```text")
     for r in range(args.rounds):
         for kind in args.kinds.split(","):
-            print(f"\nround {r + 1}, {kind}: {len(keys):,} covers, 2 workers")
-            print("\n".join(timeline(kind, keys, inputs, workdir / "build")))
+            record.print(f"round {r + 1}, {kind}: {len(keys):,} covers, 2 workers")
+            events = timeline(kind, keys, inputs, workdir / "build")
+            record.figures.setdefault("rounds", []).append(
+                {"round": r + 1, "kind": kind, "events": events})
+            for line in [*events, ""]:
+                record.print(line)
+    record.print("```")
+    record.save(workdir=workdir)
     return 0
 
 

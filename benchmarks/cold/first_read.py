@@ -7,14 +7,15 @@ store of one tensor per key (``identity="none"``, 2 workers), then, round after 
 fresh ``python`` for each store that imports the library and numpy, and reports the median of
 the rounds for: ``tsc.open_store``, its first ``take`` of one row, and its first record by key;
 with ``--profile``, the ``cProfile`` of that first take (cumulative, top 15) in one more
-process per store.
+process per store. What is printed is written, with every round's figures, to
+``benchmarks/results/cold/first-read.json`` and ``.md``, stamped with the run
+(``--results DIR``, ``--out NAME`` write them elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 import tensorstore_cache as tsc
+from benchmarks.common._record import Record, add_results_options
 from benchmarks.records.records_data import SyntheticRecords, synthetic_keys
 from benchmarks.records.records_methods.tsc import fields as record_fields
 
@@ -86,27 +88,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="profile each store's first take")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the stores are built (default: $TMPDIR/tensorstore-cache-cold)")
+    add_results_options(parser, "cold")
+    parser.set_defaults(out="first-read")
     args = parser.parse_args(argv)
+    record = Record("benchmarks.cold.first_read", argv, results=args.results, name=args.out)
+    record.config = {"sizes": args.sizes, "rounds": args.rounds, "profile": args.profile}
     work = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-cold").resolve()
     work.mkdir(parents=True, exist_ok=True)
     stores = {(kind, n): (root, synthetic_keys(n)[n // 2])
               for n in args.sizes for kind, root in build(work, n).items()}
-    print(f"load average at the start: {os.getloadavg()[0]:.2f}")
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {s: [] for s in stores}
     for _ in range(args.rounds):  # interleaved: every store once a round
         for s, (root, key) in stores.items():
             runs[s].append(measure(root, key))
-    print(f"\nmedians of {args.rounds} rounds, ms (fresh process each):")
-    print("| store | rows | open_store | first take | first record by key |")
-    print("|---|---:|---:|---:|---:|")
+    record.print(f"medians of {args.rounds} rounds, ms (fresh process each):")
+    record.print()
+    record.print("| store | rows | open_store | first take | first record by key |")
+    record.print("|---|---:|---:|---:|---:|")
     for (kind, n), got in runs.items():
-        med = {k: statistics.median(r[k] for r in got) for k in got[0]}
-        print(f"| {kind} | {n:,} | {med['open_ms']:.2f} | {med['first_take_ms']:.2f} | "
-              f"{med['first_key_ms']:.2f} |")
+        med = {k: statistics.median(r[k] for r in got) for k in got[0]
+               if isinstance(got[0][k], (int, float))}
+        record.figures.setdefault("stores", []).append(
+            {"kind": kind, "rows": n, "medians_ms": med,
+             "rounds": [{k: v for k, v in r.items() if k != "profile"} for r in got]})
+        record.print(f"| {kind} | {n:,} | {med['open_ms']:.2f} | {med['first_take_ms']:.2f} | "
+                     f"{med['first_key_ms']:.2f} |")
     if args.profile:
         for (kind, n), (root, key) in stores.items():
-            print(f"\nprofile of the first take, {kind}, {n:,} rows:")
-            print(measure(root, key, profile=True)["profile"])
+            record.print()
+            record.print(f"profile of the first take, {kind}, {n:,} rows:")
+            record.print("```text")
+            record.print(measure(root, key, profile=True)["profile"])
+            record.print("```")
+    record.save(workdir=work)
     return 0
 
 

@@ -5,7 +5,9 @@ it builds the embeddings of that many covers (the covers of ``benchmarks.embed``
 :mod:`benchmarks.common.make_images`) into a fresh cache, with the same ``tsc.cached`` call as the
 embedding benchmark, and prints when, in seconds since the call, the device worker's
 ``setup`` started and ended, the first and last batches ran, the first item was prepared in
-each process, and the call returned. Nothing is written but the covers.
+each process, and the call returned. What is printed is written, with every size's events, to
+``benchmarks/results/embed/embed-timeline.json`` and ``.md``, stamped with the run
+(``--results DIR``, ``--out NAME`` write them elsewhere).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy.typing as npt
 
 import tensorstore_cache as tsc
 from benchmarks.common import make_images
+from benchmarks.common._record import Record, add_results_options
 from benchmarks.common._report import compile_sources
 from benchmarks.common._timeline import Stamps
 from benchmarks.embed.embed_model import CoverEmbed, decode
@@ -98,17 +101,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the covers are made (default: the embedding benchmark's)")
     parser.add_argument("--seed", type=int, default=0)
+    add_results_options(parser, "embed")
+    parser.set_defaults(out="embed-timeline")
     args = parser.parse_args(argv)
     compile_sources()
+    record = Record("benchmarks.embed.embed_timeline", argv, results=args.results, name=args.out)
+    record.config = {"images": args.images, "threads": args.threads,
+                     "batch_size": args.batch_size, "workers": args.workers}
     workdir = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-embed").resolve()
     data = workdir / f"data-{max(args.images)}-s{args.seed}"
     make_images.generate(data, max(args.images), args.seed, quiet=True)
     paths = sorted(str(p) for p in (data / "images").rglob("*.*"))
-    print(f"load average at the start: {os.getloadavg()[0]:.2f}")
+    record.print("```text")
     for n in args.images:
-        print(f"\n{n:,} covers, batch {args.batch_size}, {args.workers} workers, "
-              f"torch threads {args.threads or 'default'}:")
-        print("\n".join(timeline(paths[:n], args.threads, args.batch_size, args.workers)))
+        record.print(f"{n:,} covers, batch {args.batch_size}, {args.workers} workers, "
+                     f"torch threads {args.threads or 'default'}:")
+        events = timeline(paths[:n], args.threads, args.batch_size, args.workers)
+        record.figures.setdefault("sizes", []).append({"covers": n, "events": events})
+        for line in [*events, ""]:
+            record.print(line)
+    record.print("```")
+    record.save(workdir=workdir)
     return 0
 
 

@@ -19,7 +19,8 @@ of each (builds: 1, 2, 1, 2 workers, the faster of each), so that both see the s
 and the ratio holds on a shared machine where two separate timings would not.
 
 Prints a table with the ratios and writes ``benchmarks/results/micro/micro.json`` and its
-table, ``micro.md``.
+table, ``micro.md``, stamped with the run (``--results DIR``, ``--out NAME`` write them
+elsewhere: ``--images 5000 --out micro-5000``).
 """
 
 from __future__ import annotations
@@ -39,12 +40,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import make_images
+from benchmarks.common._record import add_results_options
 from benchmarks.common._report import compile_sources, environment, publish
 from benchmarks.common._results import ResultsFile
 from benchmarks.common._stamp import run_stamp
 from benchmarks.common.methods._base import ITEM_SHAPE, SIZE, SyntheticLoader
-
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "micro"
 
 
 def log(msg: str) -> None:
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=None, help="covers to build (default 20000)")
     parser.add_argument("--open-sizes", default=None, help="store sizes (default 5000,50000)")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    add_results_options(parser, "micro")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     res["open"] = bench_open(sizes, work, procs=3)
     res["access"] = bench_access(work / f"synthetic-{max(sizes)}.tsc", work, budget)
     shutil.rmtree(work, ignore_errors=True)
-    print(publish(ResultsFile(args.results, "micro"), res, table, run, data=data, workdir=base,
+    print(publish(ResultsFile(args.results, args.out), res, table, run, data=data, workdir=base,
                   results=args.results))
     return 0
 

@@ -5,7 +5,9 @@ Run ``python -m benchmarks.remote`` (a real S3 API, moto, in its own process on
 --storage-options '{...}'`` for a real bucket (the store is built and uploaded
 there first unless ``--no-build``). Every reading scenario runs in a fresh
 process with an empty node cache; bytes are counted by the server (moto) or by
-the process (``fetch_stats``, with ``--url``).
+the process (``fetch_stats``, with ``--url``). Its tables are printed and written, with
+every figure, to ``benchmarks/results/remote/remote.json`` and ``.md``, stamped with the run
+(``--results DIR``, ``--out NAME`` write them elsewhere).
 
 Scenarios
 ---------
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common._portable import portable
+from benchmarks.common._record import Record, add_results_options
 
 ITEM = (3, 32, 32)
 
@@ -96,7 +98,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         for b in batches:
             store.take(b)
         out["take256_ms"] = (time.perf_counter() - t) / len(batches) * 1e3
-        out["budget"] = view_of(store).segments[0].budget
+        out["budget"] = view_of(store).segments[0].arrays["vectors"].budget
     stats = store.fetch_stats
     out["fetched_bytes"] = stats.bytes if stats else 0
     out["fetched_shards"] = stats.shards if stats else 0
@@ -123,12 +125,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--storage-options", default="{}", help="JSON, with --url")
     parser.add_argument("--no-build", action="store_true", help="the store at --url exists")
     parser.add_argument("--repeat", type=int, default=3, help="runs per scenario (median)")
-    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--quick", action="store_true",
+                        help="the lazy first batch, 10%% of rows at random and the cap only")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the node caches go (default: a temporary directory)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    add_results_options(parser, "remote")
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(_child(json.loads(args.child))))
         return
+    record = Record("benchmarks.remote", argv, results=args.results, name=args.out)
+    record.config = {"n": args.n, "shard_bytes": args.shard_bytes, "repeat": args.repeat,
+                     "server": "moto on 127.0.0.1" if args.url is None else "--url"}
 
     import tensorstore_cache as tsc
 
@@ -142,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         url, options = args.url, json.loads(args.storage_options)
     try:
-        with tempfile.TemporaryDirectory(prefix="tsc-remote-bench-") as tmp:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="tsc-remote-bench-", dir=args.workdir) as tmp:
             work = Path(tmp)
             if not args.no_build:
                 t = time.perf_counter()
@@ -150,16 +161,21 @@ def main(argv: list[str] | None = None) -> None:
                                 loader_id="bench.cover/1", shard_bytes=args.shard_bytes,
                                 workers=1, progress=False, cache_dir=work / "builder",
                                 storage_options=options, overwrite=True, identity="none").close()
-                print(f"built and uploaded {args.n} covers in {time.perf_counter() - t:.1f} s")
+                record.print(f"built and uploaded {args.n} covers in "
+                             f"{time.perf_counter() - t:.1f} s")
+                record.print()
             probe = tsc.open_store(url, cache_dir=work / "probe", storage_options=options)
             spec_ = probe.spec
             shards = -(-spec_.n // spec_.rows_per_shard)
             store_bytes = sum(size for size, _ in _files(Path(probe.location)).values())
             probe.close()
-            print(f"store: {spec_.n} x {spec_.item_shape} {spec_.dtype}, {shards} shards of "
-                  f"{spec_.rows_per_shard} rows, {store_bytes / 1e6:.1f} MB")
-            results: dict[str, Any] = {"n": spec_.n, "shards": shards, "bytes": store_bytes,
-                                       "rows_per_shard": spec_.rows_per_shard}
+            record.print(f"store: {spec_.n} x {spec_.item_shape} {spec_.dtype}, {shards} shards "
+                         f"of {spec_.rows_per_shard} rows, {store_bytes / 1e6:.1f} MB; medians of "
+                         f"{args.repeat} fresh processes")
+            record.print()
+            results = record.figures
+            results.update({"n": spec_.n, "shards": shards, "bytes": store_bytes,
+                            "rows_per_shard": spec_.rows_per_shard})
             runs = 0
 
             def measure(**spec: Any) -> dict[str, Any]:
@@ -188,38 +204,41 @@ def main(argv: list[str] | None = None) -> None:
                              f"{int(r.get('requests', 0)) or '-'} |")
 
             lazy = measure(mode="first")
-            whole = measure(mode="first", whole=True)
-            results["first_batch"] = {"lazy": lazy, "whole": whole}
+            results["first_batch"] = {"lazy": lazy}
             row("open (lazy: metadata + index)", lazy, "open_s")
             row("first batch of 256, lazy", lazy, "first_batch_s")
-            row("first batch of 256, whole copy first", whole, "first_batch_s")
+            if not args.quick:
+                whole = results["first_batch"]["whole"] = measure(mode="first", whole=True)
+                row("first batch of 256, whole copy first", whole, "first_batch_s")
             results["fraction"] = {}
-            for fraction in (0.01, 0.1, 1.0):
+            for fraction in (0.1,) if args.quick else (0.01, 0.1, 1.0):
                 r = measure(mode="fraction", fraction=fraction)
                 results["fraction"][str(fraction)] = r
                 row(f"read {fraction:.0%} of rows (random), lazy", r, "total_s")
-                if fraction < 1:
+                if fraction < 1 and not args.quick:
                     r = measure(mode="fraction", fraction=fraction, contiguous=True)
                     results["fraction"][f"{fraction}-contiguous"] = r
                     row(f"read {fraction:.0%} of rows (one range of paths), lazy", r, "total_s")
-            w = measure(mode="fraction", fraction=1.0, whole=True)
-            results["fraction"]["whole"] = w
-            row("read 100% of rows, whole copy first", w, "total_s")
+            if not args.quick:
+                w = measure(mode="fraction", fraction=1.0, whole=True)
+                results["fraction"]["whole"] = w
+                row("read 100% of rows, whole copy first", w, "total_s")
             uncapped = measure(mode="capped")
             capped = measure(mode="capped", max_bytes=4 * store_bytes)
             results["capped"] = {"uncapped": uncapped, "capped": capped}
-            print("\n".join(lines))
-            print()
-            print("| warm node cache | store[p] (us) | take 256 (ms) |")
-            print("|---|---|---|")
-            print(f"| uncapped: views of one mapping | {uncapped['getitem_us']:.2f} | "
-                  f"{uncapped['take256_ms']:.3f} |")
-            print(f"| capped (max_bytes, budget {int(capped['budget'])} shards): copies | "
-                  f"{capped['getitem_us']:.2f} | {capped['take256_ms']:.3f} |")
-            print(f"| ratio capped / uncapped | {capped['getitem_us'] / uncapped['getitem_us']:.1f}x"
-                  f" | {capped['take256_ms'] / uncapped['take256_ms']:.2f}x |")
-            if args.json:
-                Path(args.json).write_text(json.dumps(portable(results), indent=1))
+            for line in lines:
+                record.print(line)
+            record.print()
+            record.print("| warm node cache | store[p] (us) | take 256 (ms) |")
+            record.print("|---|---|---|")
+            record.print(f"| uncapped: views of one mapping | {uncapped['getitem_us']:.2f} | "
+                         f"{uncapped['take256_ms']:.3f} |")
+            record.print(f"| capped (max_bytes, budget {int(capped['budget'])} shards): copies | "
+                         f"{capped['getitem_us']:.2f} | {capped['take256_ms']:.3f} |")
+            record.print(f"| ratio capped / uncapped | "
+                         f"{capped['getitem_us'] / uncapped['getitem_us']:.1f}x"
+                         f" | {capped['take256_ms'] / uncapped['take256_ms']:.2f}x |")
+            record.save(workdir=args.workdir or work)
     finally:
         if server is not None:
             server.stop()

@@ -98,7 +98,8 @@ def _round(cfg: Config, name: str, key: str, jobs: list[dict[str, Any]], servers
     """Run one round; record its outcome in ``rounds[key]``; None if it failed."""
     t0 = time.monotonic()
     try:
-        results, mem = run_round(jobs, servers, timeout_s=cfg.agent_timeout_s)
+        limit = methods.get(name).agent_timeout_s or cfg.agent_timeout_s
+        results, mem = run_round(jobs, servers, timeout_s=limit)
     except AgentError as exc:
         failure = exc.failure or {"status": "error", "cause": str(exc), "text": f"error: {exc}"}
         rounds[key] = failure

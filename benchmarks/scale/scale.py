@@ -1,10 +1,11 @@
 """Measurements behind the scale estimates: per-core decode rate, shard writes, 10M-key index.
 
-Run ``python -m benchmarks.scale --out /tmp/tsc-scale`` (about five minutes on
-two cores; ``--keys 1000000`` for a quicker run). It prints one table and,
-with ``--json FILE``, writes the figures as JSON. Every figure is measured on
-this machine; nothing is extrapolated here (the extrapolation to many nodes is
-arithmetic on these figures, done in the documentation).
+Run ``python -m benchmarks.scale [--workdir DIR]`` (about five minutes on two cores;
+``--keys 1000000`` for a quicker run). It prints one table and writes it, with the
+figures, to ``benchmarks/results/scale/scale.json`` and ``.md``, stamped with the run
+(``--results DIR``, ``--out NAME`` write them elsewhere). Every figure is measured on this
+machine; nothing is extrapolated here (the extrapolation to many nodes is arithmetic on
+these figures, done in the documentation).
 
 Sections
 --------
@@ -26,7 +27,6 @@ index       the coordinator's index write for N keys alone; a full N-key
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import resource
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 import tensorstore_cache as tsc
-from benchmarks.common._portable import portable
+from benchmarks.common._record import Record, add_results_options
 from tensorstore_cache.config import SHARD_BYTES
 from tensorstore_cache.format.metadata import GroupMetadata, expected_files
 from tensorstore_cache.format.shard import write_shard
@@ -209,7 +209,7 @@ def measure_metadata(work: Path, n: int = 10_000_000) -> dict[str, float]:
                 GroupMetadata.read(root)
             times.append(c.cpu)
         shards = math.ceil(n / spec.rows_per_shard)
-        tag = f"meta10M_{dtype}_{workers}w"
+        tag = f"meta{_size_tag(n)}_{dtype}_{workers}w"
         out[f"{tag}_rows_per_shard"] = spec.rows_per_shard
         out[f"{tag}_shards"] = shards
         out[f"{tag}_shard_MB"] = spec.rows_per_shard * item_nbytes / 1e6
@@ -243,9 +243,14 @@ def _lookup_rate(fn: Any, items: list[Any], repeats: int = 3) -> float:
     return _rate(len(items), best)
 
 
+def _size_tag(n: int) -> str:
+    """``10M`` for 10,000,000, ``2000`` for 2,000: how a size names its figures."""
+    return f"{n // 1_000_000}M" if n >= 1_000_000 else str(n)
+
+
 def measure_index(work: Path, n: int) -> dict[str, float]:
     out: dict[str, float] = {}
-    tag = f"{n // 1_000_000}M" if n >= 1_000_000 else str(n)
+    tag = _size_tag(n)
     t0 = time.perf_counter()
     keys = _synthetic_keys(n)
     out[f"index{tag}_make_keys_s"] = time.perf_counter() - t0
@@ -317,12 +322,18 @@ def _table(results: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--workdir", default=None,
+                        help="work directory (default: a temporary one)")
     parser.add_argument("--images", type=int, default=3000, help="generated covers to decode")
     parser.add_argument("--keys", default="10000000", help="comma-separated index sizes")
-    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--metadata-images", type=int, default=10_000_000,
+                        help="images of the store whose metadata is written and parsed")
+    add_results_options(parser, "scale")
     args = parser.parse_args(argv)
-    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tsc-scale-"))
+    record = Record("benchmarks.scale", argv, results=args.results, name=args.out)
+    record.config = {"images": args.images, "keys": args.keys,
+                     "metadata_images": args.metadata_images}
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="tsc-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, float] = {"cores": float(len(os.sched_getaffinity(0)))}
     generate(work / "covers", args.images, seed=0, quiet=True)
@@ -333,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         ("shard", lambda: measure_shard_writes(work)),
         ("mmaps", lambda: measure_mmaps(work)),
         ("copy", lambda: measure_copy(work)),
-        ("metadata", lambda: measure_metadata(work)),
+        ("metadata", lambda: measure_metadata(work, args.metadata_images)),
     ]
     steps += [(f"index {n}", lambda n=n: measure_index(work, n)) for n in map(int, args.keys.split(",")) if n]
     for name, step in steps:
@@ -341,9 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         got = step()
         results.update(got)
         print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
-    print(_table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(portable(results), indent=1) + "\n")
+    record.figures.update(results)
+    record.print("```text")
+    record.print(_table(results))
+    record.print("```")
+    record.save(workdir=work)
     return 0
 
 

@@ -1,7 +1,9 @@
 """How fast a DataLoader epoch over a StoreDataset is: batching, augmentation, the order.
 
 Run ``python -m benchmarks.torch_batching [--items N] [--batch B] [--workers W]
-[--only batching augment permutation]``.
+[--only batching augment permutation] [--out NAME]``. Its tables are printed and written,
+with every figure, to ``benchmarks/results/torch_batching/torch_batching.json`` and ``.md``,
+stamped with the run (``--results DIR``, ``--out NAME`` write them elsewhere).
 
 **batching.** Builds a store of ``N`` random ``3 x 32 x 32`` float32 vectors (a
 synthetic loader, no images), then times shuffled epochs (median of
@@ -34,10 +36,7 @@ guaranteed across machines or builds); median of ``--repeat``.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,6 +48,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import tensorstore_cache as tsc
+from benchmarks.common._record import Record, add_results_options
 from tensorstore_cache.torch import (
     ColorJitter,
     Compose,
@@ -132,15 +132,16 @@ def epoch(loader: DataLoader[Any]) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
-def batching(args: argparse.Namespace, tmp: str) -> None:
+def batching(args: argparse.Namespace, tmp: str, record: Record) -> None:
     out = Path(tmp) / "bench.tsc"
     paths = [f"covers/{i:07d}.jpg" for i in range(args.items)]
     tsc.build_store(paths, out, loader=random_vector, loader_id="bench.random/1",
                     workers=1, progress=False, identity="none")
-    print(f"store: {args.items} x 3x32x32 float32, batch {args.batch}, shuffled; "
-          f"epoch items/s, median of {args.repeat}")
-    print(f"| workers | {' | '.join(MODES)} |")
-    print("|---|" + "---|" * len(MODES))
+    record.print(f"store: {args.items} x 3x32x32 float32, batch {args.batch}, shuffled; "
+                 f"epoch items/s, median of {args.repeat}")
+    record.print(f"| workers | {' | '.join(MODES)} |")
+    record.print("|---|" + "---|" * len(MODES))
+    figures = record.figures.setdefault("batching_items_per_s", {})
     for workers in args.workers:
         loaders = {}
         for mode in MODES:
@@ -151,21 +152,23 @@ def batching(args: argparse.Namespace, tmp: str) -> None:
         for _ in range(args.repeat):  # interleaved, so load changes hit every mode
             for mode in MODES:
                 times[mode].append(epoch(loaders[mode])[0])
-        cells = [f"{args.items / statistics.median(times[m]):,.0f}" for m in MODES]
-        print(f"| {workers} | {' | '.join(cells)} |")
-        sys.stdout.flush()
+        rates = {m: args.items / statistics.median(times[m]) for m in MODES}
+        figures[str(workers)] = rates
+        record.print(f"| {workers} | {' | '.join(f'{rates[m]:,.0f}' for m in MODES)} |")
         del loaders
 
 
-def augment(args: argparse.Namespace, tmp: str) -> None:
+def augment(args: argparse.Namespace, tmp: str, record: Record) -> None:
     out = Path(tmp) / "pixels.tsc"
     paths = [f"covers/{i:07d}.jpg" for i in range(args.items)]
     tsc.build_store(paths, out, loader=random_pixels, loader_id="bench.pixels/1", dtype="uint8",
                     workers=1, progress=False, identity="none")
-    print(f"\nstore: {args.items} x 3x32x32 uint8 read as_float, batch {args.batch}, shuffled; "
-          f"epoch items/s, median of {args.repeat}")
-    print("| augmentation | workers | per-item transform= | batch_transform= | ratio |")
-    print("|---|---|---|---|---|")
+    record.print()
+    record.print(f"store: {args.items} x 3x32x32 uint8 read as_float, batch {args.batch}, "
+                 f"shuffled; epoch items/s, median of {args.repeat}")
+    record.print("| augmentation | workers | per-item transform= | batch_transform= | ratio |")
+    record.print("|---|---|---|---|---|")
+    figures = record.figures.setdefault("augment_items_per_s", {})
     for name, (batched, per_item) in AUGMENTATIONS.items():
         for workers in args.workers:
             common: dict[str, Any] = {"num_workers": workers}
@@ -184,16 +187,19 @@ def augment(args: argparse.Namespace, tmp: str) -> None:
                 for k, lo in loaders.items():
                     times[k].append(epoch(lo)[0])
             rate = {k: args.items / statistics.median(v) for k, v in times.items()}
-            print(f"| {name} | {workers} | {rate['item']:,.0f} | {rate['batch']:,.0f} | "
-                  f"{rate['batch'] / rate['item']:.1f}x |")
-            sys.stdout.flush()
+            figures.setdefault(name, {})[str(workers)] = rate
+            record.print(f"| {name} | {workers} | {rate['item']:,.0f} | {rate['batch']:,.0f} | "
+                         f"{rate['batch'] / rate['item']:.1f}x |")
             del loaders
 
 
-def permutation(args: argparse.Namespace) -> None:
-    print(f"\none epoch's order, median of {args.repeat} (ms)")
-    print("| rows | StoreSampler.permutation | torch.randperm | numpy Generator.permutation |")
-    print("|---|---|---|---|")
+def permutation(args: argparse.Namespace, record: Record) -> None:
+    record.print()
+    record.print(f"one epoch's order, median of {args.repeat} (ms)")
+    record.print("| rows | StoreSampler.permutation | torch.randperm | "
+                 "numpy Generator.permutation |")
+    record.print("|---|---|---|---|")
+    figures = record.figures.setdefault("permutation_s", {})
     for n in args.perm_sizes:
         def ours(n: int = n) -> object:
             return StoreSampler(n, global_batch_size=1, seed=0).permutation(3)
@@ -204,20 +210,22 @@ def permutation(args: argparse.Namespace) -> None:
         def numpy_perm(n: int = n) -> object:
             return np.random.default_rng(3).permutation(n)
 
-        cells = []
-        for fn in (ours, torch_perm, numpy_perm):
+        medians = {}
+        for key, fn in (("store_sampler", ours), ("torch_randperm", torch_perm),
+                        ("numpy_permutation", numpy_perm)):
             fn()  # warm-up
             times = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
-            cells.append(f"{statistics.median(times) * 1e3:,.1f}")
-        print(f"| {n:,} | {' | '.join(cells)} |")
-        sys.stdout.flush()
+            medians[key] = statistics.median(times)
+        figures[str(n)] = medians
+        record.print(f"| {n:,} | {' | '.join(f'{m * 1e3:,.1f}' for m in medians.values())} |")
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the sections asked for; print their tables and save them, stamped."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=50_000)
     ap.add_argument("--batch", type=int, default=256)
@@ -227,18 +235,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="+", choices=["batching", "augment", "permutation"],
                     default=["batching", "augment", "permutation"])
     ap.add_argument("--workdir", default=None)
+    add_results_options(ap, "torch_batching")
     args = ap.parse_args(argv)
-    print(f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
-          f"{os.cpu_count()} cpus, {platform.platform()}, load average "
-          f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; torch.set_num_threads(1)")
+    record = Record("benchmarks.torch_batching", argv, results=args.results, name=args.out)
+    record.config = {k: v for k, v in vars(args).items() if k not in ("results", "out")}
+    record.print(f"torch {torch.__version__}, numpy {np.__version__}, {record.env['platform']}; "
+                 "torch.set_num_threads(1)")
     torch.set_num_threads(1)  # as in DataLoader workers; two threads thrash on a busy 2-core machine
+    if args.workdir is not None:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         if "batching" in args.only:
-            batching(args, tmp)
+            batching(args, tmp, record)
         if "augment" in args.only:
-            augment(args, tmp)
+            augment(args, tmp, record)
     if "permutation" in args.only:
-        permutation(args)
+        permutation(args, record)
+    record.save(workdir=args.workdir)
 
 
 MODES = ["per-item", "getitems", "getitems+collate", "ds.dataloader"]

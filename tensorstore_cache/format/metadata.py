@@ -11,6 +11,7 @@ of named fields (:mod:`tensorstore_cache.format.fields`) under ``fields/``.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import posixpath
@@ -23,7 +24,7 @@ import numpy as np
 
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..fs import Trust, fsync_dir, read_json, write_json_durable
+from ..fs import Trust, fsync_dir, json_record, read_json, write_json_durable
 from .fields import FIELDS, MAX_FIELDS, FieldLayout, Fixed, Ragged, schema_from_json
 from .spec import FORMAT_VERSION, RECORDS_VERSION, StoreSpec
 
@@ -440,6 +441,25 @@ def _fields_from_attrs(raw: Any, n: int, where: str) -> tuple[FieldLayout, ...]:
     return tuple(out)
 
 
+def _disagreement(meta: GroupMetadata, name: str, path: Path, where: str) -> CorruptStoreError:
+    """The error of an array's ``zarr.json`` that is not the one the group document needs:
+    it names the array's document if the group document's record of it (size, checksum) is
+    of the document it needs, else the group document, which then disagrees with itself."""
+    if meta.files.get(f"{name}/{GROUP}") == json_record(meta.array_documents()[name]):
+        return CorruptStoreError(
+            f"{path} does not describe the array this store needs (dtype, shape, chunking and "
+            "codecs must be exactly those written by tensorstore_cache)", str(path))
+    return CorruptStoreError(
+        f"{where} does not agree with itself: the array it describes at {name!r} is not the one "
+        "whose size and checksum it records; the metadata is damaged - rebuild the store", where)
+
+
+def _canonical(document: Any) -> str:
+    """``document`` as one JSON text: equal for equal documents only (``1``, ``1.0`` and
+    ``true`` differ, the order of keys does not matter)."""
+    return json.dumps(document, sort_keys=True)
+
+
 def _exists(root: Path, name: str, root_fd: int | None) -> bool:
     try:
         if root_fd is None:
@@ -490,7 +510,14 @@ class GroupMetadata:
                 where,
             )
         spec, files, key_bytes_len = _spec_from_attrs(attributes[ATTR_KEY], where)
-        return cls(spec=spec, files=files, key_bytes_len=key_bytes_len)
+        meta = cls(spec=spec, files=files, key_bytes_len=key_bytes_len)
+        if _canonical(meta.to_json()) != _canonical(group):
+            raise CorruptStoreError(
+                f"{where} holds what this format never writes (a key it does not know, or a "
+                "value written another way); the metadata is damaged - rebuild the store",
+                where,
+            )
+        return meta
 
     def to_json(self) -> dict[str, Any]:
         """Return the group document (as written to ``zarr.json``)."""
@@ -548,11 +575,7 @@ class GroupMetadata:
             found = read_json(path, max_bytes=config.MAX_ARRAY_JSON, root=root, root_fd=root_fd,
                               trust=trust)
             if found != expected:
-                raise CorruptStoreError(
-                    f"{path} does not describe the array this store needs (dtype, shape, "
-                    "chunking and codecs must be exactly those written by tensorstore_cache)",
-                    str(path),
-                )
+                raise _disagreement(meta, name, path, where)
         return meta
 
     def write(self, root: Path, *, trust: Trust | None = None) -> None:

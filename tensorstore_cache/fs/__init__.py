@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         file_digest,
         fsync_dir,
         fsync_dirs,
+        json_record,
         write_bytes_durable,
         write_json_durable,
         write_replace,
@@ -79,8 +80,8 @@ if TYPE_CHECKING:
 _MODULES = {
     "crash": ("io_step",),
     "durable": (
-        "file_digest", "fsync_dir", "fsync_dirs", "write_bytes_durable", "write_json_durable",
-        "write_replace",
+        "file_digest", "fsync_dir", "fsync_dirs", "json_record", "write_bytes_durable",
+        "write_json_durable", "write_replace",
     ),
     "jsonfile": ("parse_json_fd", "read_json"),
     "locks": ("ExclusiveLock", "Holder", "SharedHold", "is_held", "read_holder", "try_exclusive"),
@@ -126,6 +127,7 @@ __all__ = [
     "identify",
     "io_step",
     "is_held",
+    "json_record",
     "make_dir",
     "map_file",
     "network_mount",

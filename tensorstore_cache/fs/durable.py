@@ -87,16 +87,27 @@ def write_bytes_durable(
         os.close(fd)
 
 
+def json_bytes(value: dict[str, Any]) -> bytes:
+    """``value`` as a metadata file holds it: indented JSON and a newline, UTF-8."""
+    return (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
+
+
+def json_record(value: dict[str, Any]) -> tuple[int, str]:
+    """The size and XXH3-128 of the metadata file :func:`write_json_durable` writes of
+    ``value``."""
+    data = json_bytes(value)
+    return len(data), xxhash.xxh3_128_hexdigest(data)
+
+
 def write_json_durable(
     path: Path, value: dict[str, Any], *, trust: Trust | None = None
 ) -> tuple[int, str]:
-    """Create ``path`` holding ``value`` as indented JSON, fsynced (modes of ``trust``).
+    """Create ``path`` holding ``value`` as indented JSON (:func:`json_bytes`), fsynced
+    (modes of ``trust``).
 
     Returns its size and XXH3-128.
     """
-    return write_bytes_durable(
-        path, (json.dumps(value, indent=2, allow_nan=False) + "\n").encode(), trust=trust
-    )
+    return write_bytes_durable(path, json_bytes(value), trust=trust)
 
 
 def fsync_dirs(leaf: Path, top: Path) -> None:

@@ -86,18 +86,29 @@ class Prepare:
         return key + "!"
 
 
+#: how long a device worker waits for a CPU worker to start before it gives up (logging
+#: ``gave-up``; well within the test's own timeout): a guard against hangs on a loaded
+#: machine, not a timing assertion
+HANG_GUARD_S = 120.0
+
+
 class AfterCpuWorker(Embed):
     """Sets up only once a CPU worker has started (a ``started`` line beyond the ``seen``
-    ones of earlier builds; at most ``wait_s``): a batch before that is impossible if the CPU
-    workers start beside the device worker, and comes first if they start only after it."""
+    ones of earlier builds): so a batch before that is impossible if the CPU workers start
+    beside the device worker. If they started only after the first batch, the wait would
+    never end: after :data:`HANG_GUARD_S` it logs ``gave-up <pid>`` and sets up anyway, and
+    the batch comes first."""
 
-    def __init__(self, where: str, seen: int, wait_s: float = 60.0, **batching: Any) -> None:
+    def __init__(self, where: str, seen: int, **batching: Any) -> None:
         super().__init__(where, **batching)
-        self.seen, self.wait_s = seen, wait_s
+        self.seen = seen
 
     def setup(self, device: str) -> None:
-        deadline = time.monotonic() + self.wait_s
-        while len(events(self.where, "started")) <= self.seen and time.monotonic() < deadline:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while len(events(self.where, "started")) <= self.seen:
+            if time.monotonic() > deadline:
+                log(self.where, f"gave-up {os.getpid()}")
+                break
             time.sleep(0.05)
         super().setup(device)
 

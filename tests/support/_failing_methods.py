@@ -65,14 +65,23 @@ class Raises(_Counting):
         raise RuntimeError(f"deliberate failure in load() of {len(paths)} paths")
 
 
+#: the file the sleeping agent writes in its method's work directory as it begins to sleep
+SLEEPING = "sleeping"
+
+
 class SleepsInRoundOfOne(_Counting):
-    """Works for the first agent; the 1-agent round's agent sleeps for an hour."""
+    """Works for the first agent; the 1-agent round's agent writes :data:`SLEEPING` in its
+    work directory, then sleeps for an hour. Its rounds have a time limit of their own (the
+    other methods of the run keep the run's, so a loaded machine slowing them is no
+    failure of theirs)."""
 
     name = "sleeps_in_round_of_one"
     summary = "test only: the 1-agent round's agent never finishes"
+    agent_timeout_s = 60.0
 
     def load(self, state: dict[str, Any], paths: list[str], loader: Any = None) -> Column:
         if _call_number(state["workdir"]) == 2:
+            Path(state["workdir"], SLEEPING).touch()
             time.sleep(3600)
         return super().load(state, paths, loader)
 

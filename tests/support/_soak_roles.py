@@ -31,6 +31,7 @@ import numpy as np
 
 import tensorstore_cache as tsc
 
+from ._soak_sabotage import apply as apply_sabotage
 from ._soak_sources import (
     ITEM_LEN,
     SourceLoader,
@@ -88,6 +89,7 @@ def _setup(cfg: dict[str, Any]) -> _Captured:
         os._exit(3)
 
     threading.Thread(target=watch, name="soak-parent-watch", daemon=True).start()
+    apply_sabotage(cfg.get("sabotage"))
     handler = _Captured(logging.INFO)
     logger = logging.getLogger(_LIBRARY_LOGGER)
     logger.addHandler(handler)

@@ -21,9 +21,10 @@ For ``--seconds``, on one cache directory:
   as a filesystem with coarse timestamps gives them: an entry cached
   between the two is racily clean. The newest sources, which every call
   asks for first (so a first build probes one), are rewritten most;
-* a killer SIGKILLs, at random times, builders mid-build (a caller whose
-  build directory or pool worker exists), pool workers and gc; killed
-  processes are started again.
+* a killer SIGKILLs on a schedule (:mod:`tests.support._soak_killer`), at
+  random times: a caller mid-build (its build directory or pool worker
+  exists), a pool worker, gc and a caller whatever it does, in turn, so a
+  run of any length kills each kind; killed processes are started again.
 
 A call may fail only if its own pool worker was killed during it, and then
 only with :class:`~tensorstore_cache.BuildError`; every other exception is a
@@ -39,7 +40,15 @@ A stale vector is reported with its likely cause, from the writer's journal
 of every version's size and mtime: ``same_tick`` (the source was rewritten
 keeping the returned version's size and mtime) or ``unseen_rewrite`` (it
 was not: the entry recorded an identity that is not its vector's source's).
-``--no-gc`` is a control run: no gc loop, gc only at the end.
+``--no-gc`` is a control run: no gc loop, gc only at the end. ``--sabotage
+stale`` breaks the cache on purpose in every process of the run
+(:mod:`tests.support._soak_sabotage`, test-only): the run must then report
+violations, which shows its checks can fail.
+
+The report is stamped (``stamp``: the commit and whether the tree was dirty,
+the command, the machine, the date; :mod:`benchmarks.common._stamp`), as a
+benchmark's results are; ``--json FILE`` writes it, e.g. the long run's
+``benchmarks/results/soak/soak-600s.json``.
 
 The orchestrator is single-threaded (so it can fork a caller) and a child
 subreaper: orphaned pool workers of killed callers become its children, so
@@ -69,7 +78,13 @@ from typing import Any
 
 import psutil
 
+from benchmarks.common._portable import portable
+from benchmarks.common._report import environment
+from benchmarks.common._stamp import run_stamp
+
+from ._soak_killer import Killer
 from ._soak_roles import registry_paths, run_role
+from ._soak_sabotage import SABOTAGES
 from ._soak_sources import sid_of, source_name, write_source
 
 __all__ = ["SoakConfig", "main", "run_soak"]
@@ -117,6 +132,8 @@ class SoakConfig:
     """One namespace each."""
     gc: bool = True
     """Run gc in a loop (False: a control run, gc only at the end)."""
+    sabotage: str | None = None
+    """A sabotage of :mod:`tests.support._soak_sabotage` applied in every process, or None."""
 
 
 def _subreaper() -> bool:
@@ -152,6 +169,10 @@ class _Proc:
         self.pid = int(self.handle.pid)
         self.killed = False
         self.starts += 1
+
+    def running(self) -> bool:
+        """Whether it was started and has not ended."""
+        return self.handle is not None and self.poll() is None
 
     def poll(self) -> int | None:
         """The exit code once the process ended (reaped), else None."""
@@ -194,33 +215,6 @@ def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def _loky_workers(pid: int) -> list[psutil.Process]:
-    """The pool worker processes of the caller ``pid`` (loky's, not its resource trackers)."""
-    try:
-        children = psutil.Process(pid).children()
-    except psutil.Error:
-        return []
-    out = []
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            if "popen_loky" in " ".join(child.cmdline()):
-                out.append(child)
-    return out
-
-
-def _building_pids(cache: Path) -> set[int]:
-    """Pids named by the build directories in the cache's namespaces (``.<part>.tsc-build-<host>-<pid>-<r>``)."""
-    pids = set()
-    for parts in cache.glob("*/parts"):
-        with contextlib.suppress(OSError):
-            for name in os.listdir(parts):
-                if name.startswith(".") and ".tsc-build-" in name:
-                    bits = name.split(".tsc-build-", 1)[1].split("-")
-                    if len(bits) >= 2 and bits[1].isdigit():
-                        pids.add(int(bits[1]))
-    return pids
-
-
 @dataclass(slots=True)
 class _Run:
     """The state of one soak run."""
@@ -231,9 +225,7 @@ class _Run:
     kills: list[dict[str, Any]] = field(default_factory=list)
     violations: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[Any]] = field(default_factory=dict)
-    pending: str | None = None
-    pending_since: float = 0.0
-    next_kill: float = 0.0
+    killer: Killer | None = None
 
     def violation(self, kind: str, example: Any, count: int = 1) -> None:
         self.violations[kind] += count
@@ -269,7 +261,8 @@ class _Run:
                 proc.start()
         self.reap_orphans()
 
-    def kill(self, kind: str, target: psutil.Process | _Proc, **info: Any) -> None:
+    def kill(self, kind: str, target: psutil.Process | _Proc, **info: Any) -> bool:
+        """SIGKILL ``target`` and record it; False if it was gone already."""
         event = {"t": time.monotonic(), "kind": kind, "pid": target.pid, **info}
         if isinstance(target, _Proc):
             target.kill()
@@ -277,43 +270,9 @@ class _Run:
             try:
                 target.kill()
             except psutil.Error:
-                return
+                return False
         self.kills.append(event)
-
-    def killer(self, now: float) -> None:
-        """Kill something at random times: a pool worker, a builder mid-build, or gc."""
-        if self.pending is None:
-            if now < self.next_kill:
-                return
-            self.next_kill = now + self.rng.uniform(*self.cfg.kill_every)
-            self.pending = self.rng.choices(["worker", "builder", "gc"],
-                                            [4, 4, 2 if self.cfg.gc else 0])[0]
-            self.pending_since = now
-        waited = now - self.pending_since
-        live = [c for c in self.callers if c.handle is not None and c.poll() is None]
-        if self.pending == "worker":
-            workers = [(c, w) for c in live for w in _loky_workers(c.pid)]
-            if workers:
-                owner, worker = self.rng.choice(workers)
-                self.kill("worker", worker, owner=owner.pid, caller=owner.name)
-            elif waited < 3.0:
-                return
-        elif self.pending == "builder":
-            building = _building_pids(Path(self.cfg.workdir / "cache"))
-            mid = [c for c in live if c.pid in building or _loky_workers(c.pid)]
-            if mid:
-                victim = self.rng.choice(mid)
-                self.kill("builder", victim, caller=victim.name, mid_build=True)
-            elif waited < 3.0:
-                return
-            elif live:
-                victim = self.rng.choice(live)
-                self.kill("builder", victim, caller=victim.name, mid_build=False)
-        else:
-            for proc in self.procs:
-                if proc.role == "gc" and proc.handle is not None and proc.poll() is None:
-                    self.kill("gc", proc)
-        self.pending = None
+        return True
 
 
 def _prepare(cfg: SoakConfig) -> dict[str, Any]:
@@ -335,7 +294,7 @@ def _prepare(cfg: SoakConfig) -> dict[str, Any]:
         "cache": str(work / "cache"), "src": str(work / "src"), "registry": str(work / "registry"),
         "stop": str(work / "stop"), "journal": str(work / "journal"), "parent": os.getpid(),
         "seed": cfg.seed,
-        "loader_ids": list(cfg.loader_ids),
+        "loader_ids": list(cfg.loader_ids), "sabotage": cfg.sabotage,
     }
 
 
@@ -584,10 +543,11 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     try:
         _start(run, shared, started + cfg.seconds + cfg.stop_wait + 120)
         deadline = time.monotonic() + cfg.seconds
-        run.next_kill = time.monotonic() + run.rng.uniform(*cfg.kill_every)
+        run.killer = Killer(run.rng, cfg.kill_every, cfg.workdir / "cache", cfg.gc,
+                            time.monotonic())
         while (now := time.monotonic()) < deadline:
             run.tend(restart=True)
-            run.killer(now)
+            run.killer.step(now, run.procs, run.kill)
             time.sleep(_TICK_S)
         phases["run"] = time.monotonic() - started
         _stop(run)
@@ -616,6 +576,7 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     kinds = Counter(k["kind"] for k in run.kills)
     kinds["builder_mid_build"] = sum(1 for k in run.kills if k.get("mid_build"))
     report["kills"] = {**kinds, "total": len(run.kills)}
+    report["kill_schedule"] = run.killer.kinds if run.killer else []
     report["restarts"] = {p.name: p.starts - 1 for p in run.procs if p.role != "final"}
     report["violations"] = dict(sorted(run.violations.items()))
     report["violation_total"] = sum(run.violations.values())
@@ -631,9 +592,9 @@ def _summary(report: dict[str, Any]) -> str:
     kills = report["kills"]
     return (
         f"soak: {report['calls']} calls, {report['vectors_checked']} vectors checked, "
-        f"{kills['total']} kills (builders {kills.get('builder', 0)}, of them mid-build "
-        f"{kills.get('builder_mid_build', 0)}; pool workers {kills.get('worker', 0)}; "
-        f"gc {kills.get('gc', 0)}), {report['gc_runs']} gc runs, "
+        f"{kills['total']} kills (callers mid-build {kills.get('builder_mid_build', 0)}, "
+        f"pool workers {kills.get('worker', 0)}, gc {kills.get('gc', 0)}, callers at any "
+        f"moment {kills.get('caller', 0)}), {report['gc_runs']} gc runs, "
         f"{report['writer'].get('rewrites', 0)} rewrites, {report['sources']} sources; "
         f"wrong {report['wrong']}, missing {report['missing']} calls "
         f"({report['missing_paths']} paths); violations {report['violation_total']} "
@@ -653,15 +614,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="timestamp tick simulated by same-size bursts (0: none)")
     parser.add_argument("--no-gc", action="store_true",
                         help="a control run: no gc loop (and no gc kills), gc only at the end")
+    parser.add_argument("--sabotage", choices=sorted(SABOTAGES), default=None,
+                        help="break the cache on purpose (the run must report violations)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tsc-soak-"))
+    env = environment()
+    stamp = run_stamp("tests.support.soak", argv, env)
     report = run_soak(SoakConfig(seconds=args.seconds, callers=args.callers, workdir=workdir,
                                  seed=args.seed, same_tick_ns=int(args.same_tick_ms * 1e6),
-                                 gc=not args.no_gc))
+                                 gc=not args.no_gc, sabotage=args.sabotage))
+    report = {"stamp": stamp, "env": env, **report}
     text = json.dumps(report, indent=1, default=str)
-    if args.json is not None:
-        args.json.write_text(text)
+    if args.json is not None:  # its paths as anyone can read them (<workdir>/..., relative)
+        args.json.write_text(json.dumps(portable(json.loads(text), workdir=workdir), indent=1)
+                             + "\n")
     print(text)
     print(_summary(report), file=sys.stderr)
     if report["violation_total"] == 0 and args.workdir is None:

@@ -367,7 +367,7 @@ def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(
     for name, n in (("one", 60), ("few", 150), ("many", 600)):
         keys = [f"{name}{i}" for i in range(n)]
         batching: dict[str, Any] = {"prepare": Prepare(where, slow_in=main), "batch_size": 8}
-        loader = AfterCpuWorker(where, len(events(where, "started")), wait_s=20, **batching) \
+        loader = AfterCpuWorker(where, len(events(where, "started")), **batching) \
             if name == "many" else Embed(where, **batching)
         store = tsc.build_store(keys, tmp_path / f"{name}.tsc", loader=loader,
                                 loader_id="t/1", identity="none", workers=2, progress=False)
@@ -376,7 +376,8 @@ def test_cpu_workers_start_beside_the_device_workers_only_for_several_shards(
         pids = {int(pid) for pid, key in events(where, "prepare") if key.startswith(name)}
         assert (pids == {main}) if name == "one" else (pids - {main} != set())
         if name == "many":  # its CPU worker started before the first batch was computed
-            # (its device worker waits for that, 20 s at most: more if it started only after)
+            # (its device worker waits for that; it gives up only if none had started)
+            assert events(where, "gave-up") == [], "no CPU worker started before the first batch"
             log = (Path(where) / "log").read_text().splitlines()
             build = log[next(i for i, line in enumerate(log) if line.startswith("prepare ")
                              and line.split()[2].startswith(name)):]

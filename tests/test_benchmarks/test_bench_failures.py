@@ -33,6 +33,7 @@ from benchmarks.common.methods import METHODS
 from benchmarks.run import _rounds
 from benchmarks.run._driver import AgentError
 
+from ..support._failing_methods import SLEEPING, SleepsInRoundOfOne
 from .test_bench_reports import absolute_paths
 
 for _module in ("torch", "pandas", "datasets", "zarr", "matplotlib"):
@@ -42,7 +43,9 @@ REPO = Path(__file__).resolve().parents[2]
 KILLED = "tests.support._failing_methods:KILLED"
 RAISES = "tests.support._failing_methods:RAISES"
 SLEEPS = "tests.support._failing_methods:SLEEPS"
-TIMEOUT_S = 30.0
+TIMEOUT_S = float(SleepsInRoundOfOne.agent_timeout_s or 0)  # the sleeping method's own limit
+RUN_TIMEOUT_S = 600.0  # every other method's: a guard against hangs, not a timing assertion
+HANG_GUARD_S = 240.0  # a guard against hangs on a loaded machine, not a timing assertion
 GB = 1e9
 
 
@@ -56,7 +59,7 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any
     root = tmp_path_factory.mktemp("failing")
     proc = _bench("--workdir", str(root / "work"), "--results", str(root / "results"),
                   "--out", "failing", "--methods", f"no_cache,{KILLED},{RAISES},{SLEEPS}",
-                  "--agents", "1,2", "--agent-timeout", str(TIMEOUT_S))
+                  "--agents", "1,2", "--agent-timeout", str(RUN_TIMEOUT_S))
     assert proc.returncode == 0, proc.stderr[-6000:]
     report = json.loads((root / "results" / "failing.json").read_text())
     table = (root / "results" / "failing.md").read_text()
@@ -158,12 +161,13 @@ def test_an_interrupted_run_keeps_its_figures_and_resume_goes_on(tmp_path: Path)
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 240
-        while not (file.exists() and "no_cache" in json.loads(file.read_text())["methods"]):
+        deadline = time.monotonic() + HANG_GUARD_S
+        # no_cache is written, and SLEEPS's 1-agent round has begun: its agent sleeps
+        while not (file.exists() and "no_cache" in json.loads(file.read_text())["methods"]
+                   and any(work.rglob(SLEEPING))):
             assert proc.poll() is None, proc.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "no_cache was never written"
+            assert time.monotonic() < deadline, "no agent of the 1-agent round began to sleep"
             time.sleep(0.2)
-        time.sleep(3)  # SLEEPS's 1-agent round has begun: an agent sleeps
         children = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)

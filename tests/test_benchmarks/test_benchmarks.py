@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 from benchmarks.common import make_images
+from benchmarks.common._stamp import unstamped
 from benchmarks.common.methods import METHODS
 
 from .test_bench_reports import absolute_paths
@@ -363,10 +364,15 @@ def test_embed_runs_every_method_and_checks_its_embeddings(tmp_path: Path) -> No
 def test_embed_timeline_stamps_every_stage_of_a_batched_build(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.embed.embed_timeline", "--images", "40", "--batch-size",
-         "16", "--threads", "1", "--workdir", str(tmp_path / "work")],
+         "16", "--threads", "1", "--workdir", str(tmp_path / "work"),
+         "--results", str(tmp_path / "results")],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "results" / "embed-timeline.json").read_text())
+    assert unstamped(report) == [] and "embed_timeline --images 40" in report["stamp"]["command"]
+    (written,) = report["figures"]["sizes"]
+    assert written["covers"] == 40 and all(e in proc.stdout for e in written["events"])
     events = [ln.strip().split("  ", 2) for ln in proc.stdout.splitlines() if " s  pid " in ln]
     times = [float(t.split()[0]) for t, _pid, _what in events]
     assert times == sorted(times)

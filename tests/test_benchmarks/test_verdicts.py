@@ -2,7 +2,8 @@
 misses within the runs' spread, and one exactly on the threshold.
 
 The sweep's :func:`judge` decides the README's headline verdict; the main and embedding
-benchmarks' targets go through :func:`verdict`.
+benchmarks' targets go through :func:`verdict`, and the main benchmark's :func:`targets` are
+computed here from the figures of a run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.common import _report
 from benchmarks.common._report import verdict
 from benchmarks.embed import embed
 from benchmarks.sweep._sweep_report import judge
@@ -97,3 +99,57 @@ def test_an_embedding_target_of_a_failed_or_wrong_method_is_failed() -> None:
     assert {v["status"] for v in got.values()} == {"FAILED"}
     assert "exit code 1" in got["batched_vs_per_item"]["reason"]
     assert "other embeddings" in got["batched_vs_limit"]["reason"]
+
+
+def _main_figures(edge: float, worse: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The main benchmark's figures whose every target ratio sits exactly on its threshold
+    when ``edge`` and ``worse`` are 1; ``edge`` > 1 moves each ratio to the passing side,
+    ``worse`` > 1 to the missing side (every figure is a float the ratio divides exactly)."""
+    k = edge / worse
+    tsc = {"later_agent_s": 0.5 / k, "lookup_items_per_s": 1.5e6 * k, "batch_items_per_s": 95 * k,
+           "uss_growth_bytes_4_agents": 1e8 / k, "disk_bytes": 1e9, "first_agent_s": 90 / k}
+    results = {"tensorstore_cache": tsc,
+               "torch_save": {"later_agent_s": 10.0},
+               "manager_vectors": {"later_agent_s": 10.0, "lookup_items_per_s": 3e4},
+               "hf_datasets": {"lookup_items_per_s": 5e4, "first_agent_s": 100.0},
+               "raw_memmap": {"batch_items_per_s": 100.0},
+               "no_cache": {"first_agent_s": 153.0}}
+    opens = {"tensorstore_cache": {"5000": {"open_s": 0.002}, "80000": {"open_s": 0.004 / k}}}
+    return results, opens
+
+
+#: every target of the main benchmark, and where its threshold lies
+MAIN_TARGETS = {
+    "later_agent_vs_torch_save": 20.0, "later_agent_vs_manager_vectors": 20.0,
+    "lookup_vs_manager_vectors": 50.0, "lookup_vs_hf_datasets": 30.0,
+    "batch_vs_raw_memmap": 0.95, "memory_4_agents": 0.1, "first_agent_vs_no_cache": 1.7,
+    "first_agent_vs_hf_datasets": 0.9, "open_largest_vs_smallest": 2.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("edge", "worse", "want"),
+    [(1.0, 1.0, "PASS"), (1.25, 1.0, "PASS"), (1.0, 1.25, "MISS"), (1.0, 1.01, "MISS")],
+    ids=["exactly on every threshold", "past every threshold", "short of every threshold",
+         "just short of every threshold"],
+)
+def test_the_main_targets_at_their_edges(edge: float, worse: float, want: str) -> None:
+    """Each of the main benchmark's targets, computed from the figures of a run, passes on its
+    threshold (every one is ``>=`` or ``<=``), past it, and misses short of it. The main
+    benchmark's targets compare ratios within one run: there is no spread to miss within."""
+    results, opens = _main_figures(edge, worse)
+    got = _report.targets(results, opens, [5000, 80000])
+    assert set(got) == set(MAIN_TARGETS)
+    for key, threshold in MAIN_TARGETS.items():
+        assert got[key]["threshold"] == threshold
+        assert got[key]["status"] == want, (key, got[key])
+        if edge == worse:
+            assert got[key]["value"] == threshold, (key, got[key])  # exactly on it
+
+
+def test_a_main_target_without_its_figures_is_n_a() -> None:
+    results, opens = _main_figures(1.0, 1.0)
+    del results["raw_memmap"], results["hf_datasets"]
+    got = _report.targets(results, opens, [5000, 80000])
+    assert {k for k, t in got.items() if t["status"] == "n/a"} == {
+        "batch_vs_raw_memmap", "lookup_vs_hf_datasets", "first_agent_vs_hf_datasets"}

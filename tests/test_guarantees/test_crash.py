@@ -176,7 +176,8 @@ def _driver(mode: str, args: dict[str, Any]) -> dict[str, Any]:
     if mode == "build":  # one build, to be killed from outside
         print("building", flush=True)
         n = int(args["n"])
-        tsc.build_store(_keys(n), Path(args["root"]), loader=_big, loader_id="big/1",
+        loader = _Held(args["log"], int(args["at"])) if args.get("log") else _big
+        tsc.build_store(_keys(n), Path(args["root"]), loader=loader, loader_id="big/1",
                         workers=int(args["workers"]), progress=False, overwrite=True, identity="none")
         return {"built": True}
     raise ValueError(mode)
@@ -239,6 +240,12 @@ def test_sigkill_at_every_io_step(fast_tmp: Path, overwrite: bool) -> None:
     assert len(flips) == 1, seen
     published_by = steps[flips[0] - 1]
     assert published_by == "rename", (flips, published_by)
+    # durable before published: every file's writes are followed by its fsync, and the
+    # publishing rename by nothing but the fsync of the directories before it
+    for i, step in enumerate(steps):
+        if step == "write":
+            assert steps[i + 1] in ("write", "fsync"), (i, steps[i : i + 2])
+    assert steps[flips[0] - 2] == "fsync_dir", steps[flips[0] - 4 : flips[0]]
     # and a new build over what a killed builder left succeeds and collects its debris itself
     left = 0
     for res in rebuilt:
@@ -276,6 +283,21 @@ def _big(key: str) -> np.ndarray:
     return np.full((3, 32, 32), i % 251 + 1, dtype=np.float32)
 
 
+class _Held:
+    """:func:`_big`, but the item ``k<at>`` never comes: the process computing it writes
+    ``held`` to ``log`` and waits there to be killed, while the build's other process goes on.
+    A build killed once ``held`` is written is surely killed mid-build."""
+
+    def __init__(self, log: str, at: int) -> None:
+        self.log, self.at = log, at
+
+    def __call__(self, key: str) -> np.ndarray:
+        if key == f"k{self.at}":
+            Path(self.log).write_text(f"held {os.getpid()}\n")
+            time.sleep(3600)  # never returns: the test kills the build
+        return _big(key)
+
+
 def _pool_workers(psutil: Any, pid: int, wait: bool) -> list[Any]:
     """The builder's pool workers (not its resource tracker); with ``wait``, at least one."""
     deadline = time.monotonic() + 60  # a guard against hangs, not a timing assertion
@@ -289,13 +311,18 @@ def _pool_workers(psutil: Any, pid: int, wait: bool) -> list[Any]:
 
 
 def test_sigkill_at_random_moments(tmp_path: Path) -> None:
+    """A build of 3,000 items with a pool worker, SIGKILLed at a random point of its progress
+    (once it reaches a random item, which then never comes: the other process goes on), and
+    once with a pool worker killed first: every kill lands mid-build, so the target stays
+    absent, no worker survives, the debris is collected and a new build succeeds."""
     psutil = pytest.importorskip("psutil")
     rng = random.Random(20240601)
     root = tmp_path / "s.tsc"
     n = 3000
-    outcomes = []
     for round_ in range(4):
-        args = {"base": str(tmp_path), "root": str(root), "n": n, "workers": 2}
+        log = tmp_path / f"held-{round_}"
+        args = {"base": str(tmp_path), "root": str(root), "n": n, "workers": 2, "log": str(log),
+                "at": rng.randrange(n)}
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.test_guarantees.test_crash", "build", json.dumps(args)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
@@ -304,15 +331,23 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "building"
-            delay = rng.uniform(0.0, 1.5) if round_ else 0.05
-            if round_ < 3:  # the last round kills a pool worker as soon as there is one
-                time.sleep(delay)
+            deadline = time.monotonic() + 120  # a guard against hangs, not a timing assertion
+            while not log.exists():
+                assert proc.poll() is None, proc.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, f"the build never reached k{args['at']}"
+                time.sleep(0.01)
+            # the last round kills a pool worker first (as soon as there is one), then the
+            # coordinator
             workers = _pool_workers(psutil, proc.pid, wait=round_ == 3)
             children = psutil.Process(proc.pid).children(recursive=True)
             if round_ == 3:
-                workers[0].kill()  # a pool worker first, then the coordinator
+                workers[0].kill()
             proc.kill()
-            proc.wait(timeout=30)
+            _out, err = proc.communicate(timeout=30)
+            # it was still building when killed (or, its pool worker killed first, it had
+            # failed the build already)
+            assert proc.returncode == -signal.SIGKILL or (
+                round_ == 3 and proc.returncode == 1 and "BuildError" in err), err[-3000:]
             # orphaned workers notice their coordinator is gone and exit by themselves
             _, alive = psutil.wait_procs(workers, timeout=30)
             assert not alive, alive
@@ -327,23 +362,18 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
                 proc.stdout.close()
             if proc.stderr is not None:
                 proc.stderr.close()
-        try:
-            store = tsc.open_store(root)
-        except tsc.StoreNotFoundError:
-            outcomes.append("missing")
-        else:
-            with store:
-                store.verify()
-                assert len(store) == n
-                np.testing.assert_array_equal(store[f"k{n - 1}"], _big(f"k{n - 1}"))
-                outcomes.append("complete")
+        with pytest.raises(tsc.StoreNotFoundError):
+            tsc.open_store(root)  # killed before it published: nothing is visible
+        assert not root.exists()
         collect_debris(root)
         assert _debris(root) == []
     store = tsc.build_store(_keys(n), root, loader=_big, loader_id="big/1", workers=2,
                             progress=False, overwrite=True, identity="none")
     store.verify()
+    assert len(store) == n
+    np.testing.assert_array_equal(store[f"k{n - 1}"], _big(f"k{n - 1}"))
+    store.close()
     assert _debris(root) == []
-    assert len(outcomes) == 4
 
 
 # -- I/O errors -------------------------------------------------------------------------

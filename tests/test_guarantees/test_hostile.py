@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 import tensorstore_cache as tsc
 from tensorstore_cache import verify_store
 
+from ..support._damage import damage_is_named
 from ..support._loaders import Filled
 from ..support.strategies import json_values, mutated_json
 
@@ -126,6 +127,11 @@ def assert_rejected(root: Path, match: str, *, named: Path | None = None,
         (lambda a: a.update(loader_params=[1, 2]), "loader_params must be an object"),
         (lambda a: a.update(skipped=[["a"]]), "skipped must be a list"),
         (lambda a: a.update(files=[]), "files must be an object"),
+        (lambda a: a.update(evil={"a": 1}), "a key it does not know"),
+        (lambda a: a.pop("checksum"), "never writes"),
+        (lambda a: a.update(checksum="md5"), "never writes"),
+        (lambda a: a.update(created_unix=True), "never writes"),
+        (lambda a: a.update(item_shape=[3, 4, 5]), "does not agree with itself"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -472,15 +478,6 @@ class _Swap:
         self.path.write_bytes(self.saved)
 
 
-def damage_is_named(root: Path, pristine: Path, rel: str) -> None:
-    """When ``rel``'s bytes differ from the pristine copy's, ``verify_store`` fails naming it."""
-    if (root / rel).read_bytes() == (pristine / rel).read_bytes():
-        return
-    report = verify_store(root)
-    assert not report.ok, f"{rel} was changed and the store verified"
-    assert os.path.join(str(root), rel) in report.bad_files, (rel, report.bad_files)
-
-
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -497,37 +494,42 @@ def documents(pristine: Path) -> dict[str, Any]:
 
 @FUZZ
 @given(data=st.data())
-def test_fuzz_group_metadata(scratch: Path, documents: dict[str, Any], data: st.DataObject) -> None:
+def test_fuzz_group_metadata(scratch: Path, pristine: Path, documents: dict[str, Any],
+                             data: st.DataObject) -> None:
     doc = data.draw(mutated_json(documents["zarr.json"]))
     with _Swap(scratch / "zarr.json", _dump(doc)):
         exercise(scratch)
+        damage_is_named(scratch, pristine, "zarr.json")
 
 
 @settings(FUZZ, max_examples=500)
 @given(data=st.data())
-def test_fuzz_group_attributes_deeply(scratch: Path, documents: dict[str, Any],
+def test_fuzz_group_attributes_deeply(scratch: Path, pristine: Path, documents: dict[str, Any],
                                       data: st.DataObject) -> None:
     """Damage inside the store description, where the interesting numbers are."""
     doc = copy.deepcopy(documents["zarr.json"])
     doc["attributes"][ATTR] = data.draw(mutated_json(doc["attributes"][ATTR], rounds=4))
     with _Swap(scratch / "zarr.json", _dump(doc)):
         exercise(scratch)
+        damage_is_named(scratch, pristine, "zarr.json")
 
 
 @settings(FUZZ, max_examples=200)
 @given(data=st.data(), rel=st.sampled_from(["vectors/zarr.json", "key_offsets/zarr.json"]))
-def test_fuzz_array_metadata(scratch: Path, documents: dict[str, Any], data: st.DataObject,
-                             rel: str) -> None:
+def test_fuzz_array_metadata(scratch: Path, pristine: Path, documents: dict[str, Any],
+                             data: st.DataObject, rel: str) -> None:
     doc = data.draw(mutated_json(documents[rel]))
     with _Swap(scratch / rel, _dump(doc)):
         assert exercise(scratch) in ("ok", "CorruptStoreError")
+        damage_is_named(scratch, pristine, rel)
 
 
 @settings(FUZZ, max_examples=200)
 @given(raw=st.one_of(st.binary(max_size=300), json_values().map(_dump)))
-def test_fuzz_group_metadata_bytes(scratch: Path, raw: bytes) -> None:
+def test_fuzz_group_metadata_bytes(scratch: Path, pristine: Path, raw: bytes) -> None:
     with _Swap(scratch / "zarr.json", raw):
         assert exercise(scratch) == "CorruptStoreError"
+        damage_is_named(scratch, pristine, "zarr.json")
 
 
 @settings(FUZZ, max_examples=350)

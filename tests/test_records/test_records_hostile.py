@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import tensorstore_cache as tsc
 from tensorstore_cache.reader import view_of
 
+from ..support._damage import damage_is_named
 from ..support._records import BOX_FIELDS, RecordLoader, write_sources
 from ..support.strategies import mutated_json
 
@@ -180,7 +181,7 @@ def _read_in_process(root: Path) -> str:
 
 @FUZZ
 @given(data=st.data())
-def test_fuzz_the_field_list(scratch: Path, data: st.DataObject) -> None:
+def test_fuzz_the_field_list(scratch: Path, pristine: Path, data: st.DataObject) -> None:
     path = scratch / "zarr.json"
     saved = path.read_bytes()
     doc = json.loads(saved)
@@ -189,6 +190,7 @@ def test_fuzz_the_field_list(scratch: Path, data: st.DataObject) -> None:
     path.write_bytes(json.dumps(doc, allow_nan=False).encode("utf-8", "surrogatepass"))
     try:
         _read_in_process(scratch)  # only the project's errors (or none) come out
+        damage_is_named(scratch, pristine, "zarr.json")
     finally:
         path.write_bytes(saved)
 
@@ -202,7 +204,8 @@ def test_fuzz_the_field_list(scratch: Path, data: st.DataObject) -> None:
                                     2**64 - 1]) | st.integers(0, 2**64 - 1),
                    min_size=1, max_size=4),
 )
-def test_fuzz_offsets(scratch: Path, rel: str, at: int, words: list[int]) -> None:
+def test_fuzz_offsets(scratch: Path, pristine: Path, rel: str, at: int,
+                      words: list[int]) -> None:
     path = scratch / rel
     saved = path.read_bytes()
     _write_words(path, at, words, "<u8")
@@ -210,5 +213,6 @@ def test_fuzz_offsets(scratch: Path, rel: str, at: int, words: list[int]) -> Non
         # in this process: a bad offset must raise before any view is made (a SIGSEGV here
         # would kill the test run)
         assert _read_in_process(scratch) in ("ok", "CorruptStoreError")
+        damage_is_named(scratch, pristine, rel)
     finally:
         path.write_bytes(saved)

@@ -166,6 +166,8 @@ class Method(ABC):
     synthetic: bool = True
     #: libraries an agent of this method imports before it starts (not timed)
     modules: tuple[str, ...] = ()
+    #: seconds its rounds' agents may run, if it sets its own (None: ``--agent-timeout``)
+    agent_timeout_s: float | None = None
 
     @abstractmethod
     def prepare(self, workdir: Path, paths: list[str]) -> dict[str, Any]:

@@ -1,0 +1,137 @@
+"""Every committed results file names the run that measured it.
+
+A results file is a report, ``NAME.json``, stamped (:mod:`benchmarks.common._stamp`: the
+commit and whether the tree was dirty, the command, the machine line and the date; each
+method's own where a run was resumed), with its table ``NAME.md`` ending with the stamp's
+line, and the plots it drew (``NAME-<plot>.png``, ``NAME_timeline.png``; the main
+benchmark's ``latest`` plots keep their plain names). Nothing else is a results file.
+
+The results measured before runs were stamped are listed in :data:`AWAITING_RERUN` with the
+command that measures them again: each is an expected failure until its rerun is committed,
+and an entry whose file is stamped (or gone) must leave the list.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common._stamp import unstamped
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+
+#: results measured before runs were stamped, and the command that measures them again
+#: (from the checkout, with ``.venv/bin/python``); the cold files were saved from the printed
+#: output by hand (their programs now write stamped results: timeline.json, first-read.json)
+AWAITING_RERUN = {
+    "embed/embed.json": "python -m benchmarks.embed",
+    "embed/embed-threads1.json": "python -m benchmarks.embed --threads 1 --out embed-threads1",
+    "micro/micro.json": "python -m benchmarks.micro",
+    "records/records.json": "python -m benchmarks.records",
+    "run/original-scale.json": "python -m benchmarks.run --images 181777 --data DATA --agents 1,4 "
+                               "--allow-oom --out original-scale --methods no_cache,manager_pil,"
+                               "manager_vectors,torch_save,hf_datasets,zarr_api,"
+                               "tensorstore_cache,raw_memmap",
+    "sweep/sweep.json": "python -m benchmarks.sweep",
+    "sweep/sweep-original.json": "python -m benchmarks.sweep --scale original --data DATA --runs 1",
+    "sweep/sweep-later-trials.json": "python -m benchmarks.sweep --methods hf_datasets,"
+                                     "tensorstore_cache,tensorstore_cache_none "
+                                     "--out sweep-later-trials",
+    "cold/timeline-baseline.txt": "python -m benchmarks.cold.cold_timeline --rounds 2 (then "
+                                  "delete this file; a baseline of older code: the same at "
+                                  "that commit, --out timeline-baseline)",
+    "cold/first-read.txt": "python -m benchmarks.cold.first_read --rounds 5 (then delete this "
+                           "file)",
+    "cold/first-read-baseline.txt": "the same at the commit compared against, --out "
+                                    "first-read-baseline (then delete this file)",
+}
+
+
+def results_files() -> list[str]:
+    return sorted(str(p.relative_to(RESULTS)) for p in RESULTS.glob("*/*") if p.is_file())
+
+
+def _owner(plot: Path) -> Path | None:
+    """The report a plot belongs to: the results name its file name starts with."""
+    names = [p.stem for p in plot.parent.glob("*.json")]
+    for name in sorted(names, key=len, reverse=True):
+        if plot.stem.startswith((f"{name}-", f"{name}_")):
+            return plot.parent / f"{name}.json"
+    return plot.parent / "latest.json" if (plot.parent / "latest.json").exists() else None
+
+
+def problems(path: Path) -> list[str]:
+    """What keeps the results file ``path`` from naming the run behind it."""
+    if path.suffix == ".png":
+        owner = _owner(path)
+        return [] if owner is not None and owner.exists() else ["a plot of no report"]
+    if path.suffix == ".md":
+        if not path.with_suffix(".json").exists():
+            return ["a table without its report (NAME.json)"]
+        last = path.read_text(encoding="utf-8").rstrip().splitlines()[-1]
+        report = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        if unstamped(report):
+            return ["the table of an unstamped report"]
+        return [] if last.startswith(("Measured at ", "Methods measured at different code: ")) \
+            else [f"the table does not end with its stamp's line: {last[:80]!r}"]
+    if path.suffix != ".json":
+        return ["not a report: every results file is NAME.json (and its NAME.md)"]
+    missing = unstamped(json.loads(path.read_text(encoding="utf-8")))
+    return [f"{', '.join(missing)} not stamped"] if missing else []
+
+
+def _awaiting(rel: str) -> str | None:
+    if rel in AWAITING_RERUN:
+        return AWAITING_RERUN[rel]
+    if rel.endswith((".md", ".png")):  # the table and plots of a report awaiting its rerun
+        report = str(Path(rel).with_suffix(".json"))
+        owner = _owner(RESULTS / rel) if rel.endswith(".png") else RESULTS / report
+        if owner is not None:
+            return AWAITING_RERUN.get(str(owner.relative_to(RESULTS)))
+    return None
+
+
+def test_there_are_results_and_every_awaited_one_is_still_there() -> None:
+    files = results_files()
+    assert "run/latest.json" in files
+    gone = [rel for rel in AWAITING_RERUN if rel not in files]
+    assert not gone, f"rerun and removed: take them out of AWAITING_RERUN: {gone}"
+
+
+@pytest.mark.parametrize("rel", results_files())
+def test_every_results_file_names_its_run(rel: str) -> None:
+    found = problems(RESULTS / rel)
+    rerun = _awaiting(rel)
+    if rerun is not None and found:
+        pytest.xfail(f"measured before runs were stamped: rerun `{rerun}` and commit it")
+    assert rerun is None or rel.endswith((".md", ".png")), \
+        f"{rel} is stamped now: take it out of AWAITING_RERUN"
+    assert not found, f"{rel}: {'; '.join(found)}"
+
+
+def test_what_does_not_name_its_run_is_found(tmp_path: Path) -> None:
+    stamp = {"commit": "a" * 40, "dirty": False, "command": "python -m benchmarks.micro",
+             "machine": "m", "date": "2026-12-06"}
+    (tmp_path / "ok.json").write_text(json.dumps({"stamp": stamp, "methods": {"a": {"stamp": stamp}}}))
+    (tmp_path / "ok.md").write_text("# t\n\nMeasured at commit aaaaaaaaaaaa: `python -m x`; m; d.\n")
+    (tmp_path / "ok-plot.png").write_bytes(b"\x89PNG")
+    (tmp_path / "bare.json").write_text(json.dumps({"figures": {}}))
+    (tmp_path / "resumed.json").write_text(json.dumps({"stamp": stamp, "methods": {"a": {}}}))
+    (tmp_path / "cut.json").write_text(json.dumps({"stamp": {**stamp, "commit": None}}))
+    (tmp_path / "loose.md").write_text("# t\n")
+    (tmp_path / "ok2.json").write_text(json.dumps({"stamp": stamp}))
+    (tmp_path / "ok2.md").write_text("# t\n| a |\n")
+    (tmp_path / "notes.txt").write_text("a run\n")
+    (tmp_path / "orphan-plot.png").write_bytes(b"\x89PNG")
+    assert problems(tmp_path / "ok.json") == problems(tmp_path / "ok.md") == []
+    assert problems(tmp_path / "ok-plot.png") == []
+    assert problems(tmp_path / "bare.json") == ["stamp not stamped"]
+    assert problems(tmp_path / "resumed.json") == ["methods.a not stamped"]
+    assert problems(tmp_path / "cut.json") == []  # run outside a git checkout: said so
+    assert problems(tmp_path / "loose.md") == ["a table without its report (NAME.json)"]
+    assert problems(tmp_path / "ok2.md")[0].startswith("the table does not end with its stamp")
+    assert problems(tmp_path / "notes.txt")[0].startswith("not a report")
+    assert problems(tmp_path / "orphan-plot.png") == ["a plot of no report"]

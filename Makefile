@@ -57,7 +57,8 @@ test-torchvision: $(TV)/.installed
 
 # The suites that need neither torch nor the peers on Python 3.12 and 3.13 with the newest
 # releases, and on Python 3.11 with the oldest that pyproject.toml allows, each in its own venv
-# (.venv-3.12, .venv-3.13, .venv-3.11-oldest), set up by .ci/matrix itself; docs/development.md.
+# (.venv-3.12, .venv-3.13, .venv-3.11-oldest), set up by .ci/matrix itself; .ci/run runs it beside
+# `make test`, at the lowest CPU priority. The folders, the versions: docs/development.md.
 test-matrix:
 	bash .ci/matrix
 

@@ -18,6 +18,7 @@ directories their configuration records.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -121,12 +122,28 @@ def portable(value: Any, *, checkout: Path = CHECKOUT,
     return walk(value)
 
 
+def _checkout_of(results: str | None) -> Path | None:
+    """The checkout whose ``benchmarks/results`` (or a benchmark's folder in it) is ``results``."""
+    if not results or not results.startswith("/"):
+        return None
+    for folder in (Path(results), Path(results).parent):  # results/ or results/<benchmark>/
+        if folder.parts[-2:] == ("benchmarks", "results"):
+            return folder.parent.parent
+    return None
+
+
 def rewrite_report(path: Path) -> None:
     """Rewrite ``NAME.json`` and ``NAME.md`` written with absolute paths, in place.
 
     The places come from the report's configuration (``data``, ``workdir``,
     ``results``); the checkout that ran it is the one holding ``results``
-    when that ends in ``benchmarks/results``.
+    when that is its ``benchmarks/results`` or a benchmark's folder in it
+    (``benchmarks/results/<benchmark>``), else this checkout.
+
+    Parameters
+    ----------
+    path
+        The report's ``.json``; the ``.md`` beside it, if any, is rewritten too.
     """
     from benchmarks.common._results import write_atomic
 
@@ -134,10 +151,7 @@ def rewrite_report(path: Path) -> None:
     report = json.loads(text)
     config = report.get("config", {})
     places = {k: config.get(k) for k in ("data", "workdir", "results")}
-    checkout = CHECKOUT
-    results = config.get("results")
-    if results and Path(results).parts[-2:] == ("benchmarks", "results"):
-        checkout = Path(results).parent.parent
+    checkout = _checkout_of(config.get("results")) or CHECKOUT
     convert = _substitute(_rules(places, checkout))
     write_atomic(path, convert(text))
     md = path.with_suffix(".md")
@@ -145,7 +159,35 @@ def rewrite_report(path: Path) -> None:
         write_atomic(md, convert(md.read_text(encoding="utf-8")))
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite each report named on the command line.
+
+    Parameters
+    ----------
+    argv
+        The arguments (``sys.argv[1:]`` when None): ``--help``, or the reports' ``.json`` files.
+
+    Returns
+    -------
+    int
+        The exit status: 0 once every report is rewritten.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.common._portable",
+        description="Rewrite benchmark reports written with absolute paths, in place: each "
+        "NAME.json and the NAME.md beside it, from the directories its configuration records.",
+    )
+    parser.add_argument("reports", nargs="+", type=Path, metavar="NAME.json",
+                        help="a report's JSON file")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.reports if not p.is_file()]
+    if missing:
+        parser.error(f"no such report: {', '.join(missing)} (give the .json files of reports)")
+    for report in args.reports:
+        rewrite_report(report)
+        print(f"rewrote {report}")
+    return 0
+
+
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        rewrite_report(Path(name))
-        print(f"rewrote {name}")
+    sys.exit(main())

@@ -28,12 +28,12 @@ import time
 
 T_MAIN = time.time()  # the interpreter is up and running this module
 
-import base64  # noqa: E402  (the clock above must start first)
+import argparse  # noqa: E402  (the clock above must start first)
+import base64  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -313,9 +313,13 @@ def _write(path: str, result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.sweep.sweep_trial", description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec", type=Path, metavar="SPEC.json",
+                        help="the trial's spec, written by python -m benchmarks.sweep")
+    args = parser.parse_args(argv)
     set_oom_score_adj(1000)  # the kernel takes a trial first, never the driver
-    spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    spec = json.loads(args.spec.read_text(encoding="utf-8"))
     result: dict[str, Any] = {"pid": os.getpid(), "t_main": T_MAIN, "method": spec["method"],
                               "number": spec["number"], "params": spec["params"]}
     try:

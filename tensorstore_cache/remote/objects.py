@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import json
 import os
 import random
@@ -273,8 +274,12 @@ class S3Objects(Objects):
         self._fs, self._root = filesystem(url, storage_options)
         protocols = self._fs.protocol if isinstance(self._fs.protocol, tuple) else (
             self._fs.protocol,)
-        # s3fs asks for the size first (a HEAD) unless a whole read is one request
-        self._read_kw: dict[str, Any] = {"max_concurrency": 1} if "s3" in protocols else {}
+        # s3fs asks for the size first (a HEAD) unless a whole read is one request; the releases
+        # before 2026.3.0 (when it began to read large objects concurrently) neither do it nor take
+        # the option
+        concurrent = "s3" in protocols and "max_concurrency" in inspect.signature(
+            self._fs._cat_file).parameters
+        self._read_kw: dict[str, Any] = {"max_concurrency": 1} if concurrent else {}
 
     def _path(self, rel: str) -> str:
         return f"{self._root}/{rel}"

@@ -9,6 +9,7 @@ over the limit.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import io
 import sys
@@ -79,7 +80,10 @@ def measure(root: Path = ROOT) -> tuple[list[Size], list[Size]]:
     return modules, functions
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print the largest modules and every function over the limit."""
+    argparse.ArgumentParser(prog="python -m tests.support.sizes",
+                            description=__doc__.split("\n\n")[0]).parse_args(argv)
     modules, functions = measure()
     for size in sorted(modules, key=lambda s: -s.lines)[:10]:
         print(f"{size.lines:5d}  {size.where}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,13 +77,15 @@ def test_paths_become_relative_or_placeholders() -> None:
     }
 
 
-def test_a_report_written_before_is_rewritten_in_place(tmp_path: Path) -> None:
+@pytest.mark.parametrize("results", ["benchmarks/results", "benchmarks/results/sweep"])
+def test_a_report_written_before_is_rewritten_in_place(tmp_path: Path, results: str) -> None:
+    # written by a checkout elsewhere into its results folder or a benchmark's folder in it:
+    # that checkout's paths become relative, as this one's would
     ran = "/work/elsewhere"
     report = {
         "env": {"command": f"python -m benchmarks.sweep --data /data/covers --workdir /scratch/w "
-                           f"--results {ran}/benchmarks/results"},
-        "config": {"data": "/data/covers", "workdir": "/scratch/w",
-                   "results": f"{ran}/benchmarks/results"},
+                           f"--results {ran}/{results}"},
+        "config": {"data": "/data/covers", "workdir": "/scratch/w", "results": f"{ran}/{results}"},
         "trial": {"log": "/scratch/w/trials/t.log", "error": f"File \"{ran}/benchmarks/x.py\""},
     }
     path = tmp_path / "old.json"
@@ -92,6 +96,23 @@ def test_a_report_written_before_is_rewritten_in_place(tmp_path: Path) -> None:
     assert absolute_paths(text) == [] and absolute_paths((tmp_path / "old.md").read_text()) == []
     again = json.loads(text)
     assert again["env"]["command"] == ("python -m benchmarks.sweep --data <data> --workdir "
-                                       "<workdir> --results benchmarks/results")
+                                       f"<workdir> --results {results}")
+    assert again["config"]["results"] == results
     assert again["trial"] == {"log": "<workdir>/trials/t.log", "error": 'File "benchmarks/x.py"'}
     assert text == json.dumps(again, indent=1) + "\n"  # the file's layout is kept
+    assert (tmp_path / "old.md").read_text() == f"Command: `{again['env']['command']}`\n"
+
+
+def test_the_rewriting_command_takes_reports_and_refuses_a_missing_one(tmp_path: Path) -> None:
+    ran = "/work/elsewhere/benchmarks/results/micro"
+    path = tmp_path / "micro.json"
+    path.write_text(json.dumps({"config": {"results": ran}, "out": f"{ran}/micro.json"}))
+    command = [sys.executable, "-m", "benchmarks.common._portable"]
+    done = subprocess.run([*command, str(path)], cwd=CHECKOUT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"rewrote {path}\n"
+    assert json.loads(path.read_text())["out"] == "benchmarks/results/micro/micro.json"
+    refused = subprocess.run([*command, str(path), str(tmp_path / "nope.json")], cwd=CHECKOUT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and f"no such report: {tmp_path / 'nope.json'}" in refused.stderr

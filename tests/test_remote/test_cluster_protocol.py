@@ -294,7 +294,12 @@ def test_a_create_answered_after_the_client_timed_out_is_recognised(
                                       "config_kwargs": {"read_timeout": 1}})
     s3.inject([Fault("late", "late.json", "PUT", count=1, seconds=5.0)])
     assert patient.create("late.json", {"v": 1}, "mine") is True
-    statuses = [r.status for r in s3.requests("PUT", f"{BUCKET}/")]
+    # a request is logged once its answer is sent: wait for both (the late one is let go when
+    # the retry arrives, and may be logged after the client has its 412 and has read back)
+    deadline = time.monotonic() + 120
+    while len(statuses := [r.status for r in s3.requests("PUT", f"{BUCKET}/")]) < 2:
+        assert time.monotonic() < deadline, f"the late PUT was never answered: {statuses}"
+        time.sleep(0.05)
     assert sorted(statuses) == [200, 412]  # the late one, and the retry
     assert patient.read_json("late.json") == {"v": 1, "writer": "mine"}
     assert patient.create("late.json", {"v": 2}, "theirs") is False

@@ -112,6 +112,15 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
     return images, root / "local.tsc"
 
 
+def _dead(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (dead, not yet waited for)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def _cluster(allowed_failures: int) -> Any:
     distributed = pytest.importorskip("distributed")
     import dask
@@ -302,9 +311,9 @@ def test_worker_killed_mid_build_is_retried(
         executor=client.get_executor(),
     )
     victim = int(marker.read_text())
-    assert victim in pids_before  # a worker process really died ...
-    client.wait_for_workers(2)
-    assert victim not in set(client.run(os.getpid).values())  # ... and was replaced
+    # a worker process really died, and the build went on without it (whether and when the
+    # cluster replaces it is distributed's: a restarted worker may even be closed again)
+    assert victim in pids_before and _dead(victim)
     reference = tsc.open_store(local)
     assert store.paths == reference.paths
     np.testing.assert_array_equal(_all_rows(store), _all_rows(reference))

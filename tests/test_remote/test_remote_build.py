@@ -8,9 +8,12 @@ Skipped when ``moto[server]`` or ``s3fs`` is missing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,24 +33,54 @@ N_IMAGES = 300
 BUCKET = "builds"
 
 
+@dataclass(frozen=True)
+class Gate:
+    """Where a :class:`Recorder` waits: its call on the file ``name`` does not return before
+    the S3 server at ``endpoint`` has answered a ``PUT`` of a key under ``under``."""
+
+    name: str
+    endpoint: str
+    under: str
+
+    def wait(self) -> None:
+        """Return once such a PUT is answered; raise TimeoutError after two minutes."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{self.endpoint}/_tsc/log", timeout=30) as resp:
+                log = json.loads(resp.read())
+            if any(r["method"] == "PUT" and r["key"].startswith(self.under) and r["ended"]
+                   for r in log):
+                return
+            time.sleep(0.01)
+        raise TimeoutError(f"no PUT under {self.under} answered while {self.name} waited")
+
+
 class Recorder:
     """The image loader, logging per call its pid, the time and the shard files under ``cache``.
 
     Fails on the file names in ``bad``; a process other than ``builder`` that
-    meets the file named ``kill`` SIGKILLs itself.
+    meets the file named ``kill`` SIGKILLs itself. With ``meet`` (a directory),
+    a process's first call notes its pid there and waits until two processes
+    have: both compute, however late the pool's worker starts. With ``gate``,
+    the call on its file waits for a shard's upload (:class:`Gate`) and is
+    logged after it.
     """
 
     item_shape = (3, 32, 32)
     params: ClassVar[dict[str, Any]] = {}
 
     def __init__(
-        self, log: str, cache: str, bad: frozenset[str] = frozenset(), kill: str = "", builder: int = 0
+        self, log: str, cache: str, bad: frozenset[str] = frozenset(), kill: str = "", builder: int = 0,
+        meet: str = "", gate: Gate | None = None,
     ) -> None:
         self.log = log
         self.cache = cache
         self.bad = bad
         self.kill = kill
         self.builder = builder
+        self.meet = meet
+        self.gate = gate
+        self.met = False
         self.image = tsc.ImageLoader(size=(32, 32))
 
     def __call__(self, path: str) -> np.ndarray:
@@ -55,6 +88,11 @@ class Recorder:
             raise OSError(f"cannot read {path}")
         if os.path.basename(path) == self.kill and os.getpid() != self.builder:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.meet and not self.met:
+            _meet(Path(self.meet))
+            self.met = True
+        if self.gate is not None and os.path.basename(path) == self.gate.name:
+            self.gate.wait()
         staged = sum(1 for p in Path(self.cache).rglob("*") if p.is_file() and "/vectors/c/" in str(p))
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -62,6 +100,16 @@ class Recorder:
         finally:
             os.close(fd)
         return self.image(path)
+
+
+def _meet(folder: Path) -> None:
+    """Note this process in ``folder`` and wait until a second one has (two minutes at most)."""
+    (folder / str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(list(folder.iterdir())) < 2:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no second process computed within two minutes ({folder})")
+        time.sleep(0.01)
 
 
 def _calls(log: Path) -> list[tuple[int, float, int]]:
@@ -92,15 +140,20 @@ def test_workers_upload_their_shards_and_the_group_goes_last(
 ) -> None:
     images, local = sources
     url = f"s3://{BUCKET}/direct.tsc"
-    log, cache = tmp_path / "calls.log", tmp_path / "builder"
+    log, cache, meet = tmp_path / "calls.log", tmp_path / "builder", tmp_path / "computing"
+    meet.mkdir()
+    # both processes compute; a source halfway is decoded only once a task has uploaded its
+    # shard (a build that uploaded at the end would never get past it: its loader times out)
+    gate = Gate(os.path.basename(images[N_IMAGES // 2]), s3.endpoint, f"{BUCKET}/direct.tsc/vectors/c/")
     s3.reset()
     built = tsc.build_store(
-        images, url, workers=2, progress=False, cache_dir=cache, loader=Recorder(str(log), str(cache)),
+        images, url, workers=2, progress=False, cache_dir=cache,
+        loader=Recorder(str(log), str(cache), meet=str(meet), gate=gate),
         loader_id="image-recorded", storage_options=s3.storage_options(),
     )
     calls = _calls(log)
     # two processes computed (and so uploaded) shards; none ever lay in the builder's cache
-    assert len({pid for pid, _t, _n in calls}) == 2
+    assert len({pid for pid, _t, _n in calls}) == 2 == len(list(meet.iterdir()))
     assert all(n == 0 for _pid, _t, n in calls)
     puts = s3.requests("PUT", under=f"{BUCKET}/direct.tsc/")
     shard_puts = [r for r in puts if "/vectors/c/" in r.key]
@@ -108,7 +161,7 @@ def test_workers_upload_their_shards_and_the_group_goes_last(
     shards = {r.key for r in shard_puts}
     assert len(shards) == -(-N_IMAGES // built.spec.rows_per_shard) > 2
     # shards went up while sources were still being decoded, the group zarr.json after all else
-    assert min(r.started for r in shard_puts) < max(t for _pid, t, _n in calls)
+    assert min(r.ended for r in shard_puts) < max(t for _pid, t, _n in calls)
     assert len(group) == 1
     assert all(r.ended <= group[0].started for r in puts if r is not group[0])
     # the builder's copy is the index and metadata only: its shards are fetched when read

@@ -3,7 +3,8 @@
 A real pytest run in another process, over a tree laid out as this repository's tests are,
 with this suite's hooks (``tests/conftest.py``): a test of ``tests/test_benchmarks/`` that
 skips, and one whose module skips as it is collected, fail under the variable and skip without
-it; a skip elsewhere stays a skip.
+it; a skip elsewhere stays a skip, and a declared expected failure (``pytest.xfail``, as a result
+awaiting its rerun is marked) stays an xfail under the variable.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 300  # a guard against hangs, not a timing assertion
 
 SKIPS = "import pytest\n\n\ndef test_skips() -> None:\n    pytest.skip('no such extra')\n"
+XFAILS = "import pytest\n\n\ndef test_xfails() -> None:\n    pytest.xfail('awaiting a rerun')\n"
 SKIPS_AT_COLLECTION = "import pytest\n\npytest.importorskip('no_such_module_at_all')\n\n\n" \
                       "def test_never_runs() -> None:\n    pass\n"
 
@@ -32,6 +34,7 @@ def _tree(root: Path) -> None:
     must.mkdir(parents=True)
     (must / "test_must_run.py").write_text(SKIPS)
     (must / "test_must_collect.py").write_text(SKIPS_AT_COLLECTION)
+    (must / "test_must_xfail.py").write_text(XFAILS)
     free = root / "tests" / "test_other"
     free.mkdir()
     (free / "test_may_skip.py").write_text(SKIPS)
@@ -48,7 +51,7 @@ def _outcomes(root: Path, no_skip: str) -> tuple[dict[str, str], str]:
         cwd=root, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     found = {}
     for line in proc.stdout.splitlines():
-        m = re.match(r"(PASSED|FAILED|SKIPPED|ERROR) (?:\[\d+\] )?(tests/[\w/]+\.py)", line)
+        m = re.match(r"(PASSED|FAILED|SKIPPED|ERROR|XFAIL) (?:\[\d+\] )?(tests/[\w/]+\.py)", line)
         if m:
             found[m.group(2)] = m.group(1)
     return found, proc.stdout + proc.stderr
@@ -59,11 +62,12 @@ def test_no_skip_turns_a_must_run_skip_into_a_failure(tmp_path: Path) -> None:
     _tree(tmp_path)
     must, collect = "tests/test_benchmarks/test_must_run.py", "tests/test_benchmarks/test_must_collect.py"
     free = "tests/test_other/test_may_skip.py"
+    xfail = "tests/test_benchmarks/test_must_xfail.py"
 
     strict, out = _outcomes(tmp_path, "1")
-    assert strict == {must: "FAILED", collect: "ERROR", free: "SKIPPED"}, out
+    assert strict == {must: "FAILED", collect: "ERROR", free: "SKIPPED", xfail: "XFAIL"}, out
     assert f"skipped where {NO_SKIP_ENV} requires it to run: " in out, out
     assert "no such extra" in out and "no_such_module_at_all" in out
 
     lenient, out = _outcomes(tmp_path, "0")  # as if unset
-    assert lenient == {must: "SKIPPED", collect: "SKIPPED", free: "SKIPPED"}, out
+    assert lenient == {must: "SKIPPED", collect: "SKIPPED", free: "SKIPPED", xfail: "XFAIL"}, out

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         file_digest,
         fsync_dir,
         fsync_dirs,
+        fsync_tree,
         json_record,
         write_bytes_durable,
         write_json_durable,
@@ -80,8 +81,8 @@ if TYPE_CHECKING:
 _MODULES = {
     "crash": ("io_step",),
     "durable": (
-        "file_digest", "fsync_dir", "fsync_dirs", "json_record", "write_bytes_durable",
-        "write_json_durable", "write_replace",
+        "file_digest", "fsync_dir", "fsync_dirs", "fsync_tree", "json_record",
+        "write_bytes_durable", "write_json_durable", "write_replace",
     ),
     "jsonfile": ("parse_json_fd", "read_json"),
     "locks": ("ExclusiveLock", "Holder", "SharedHold", "is_held", "read_holder", "try_exclusive"),
@@ -123,6 +124,7 @@ __all__ = [
     "file_digest",
     "fsync_dir",
     "fsync_dirs",
+    "fsync_tree",
     "hash_many",
     "identify",
     "io_step",

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from .durable import (
         file_digest,
         fsync_dir,
-        fsync_dirs,
         fsync_tree,
         json_record,
         write_bytes_durable,
@@ -81,8 +80,8 @@ if TYPE_CHECKING:
 _MODULES = {
     "crash": ("io_step",),
     "durable": (
-        "file_digest", "fsync_dir", "fsync_dirs", "fsync_tree", "json_record",
-        "write_bytes_durable", "write_json_durable", "write_replace",
+        "file_digest", "fsync_dir", "fsync_tree", "json_record", "write_bytes_durable",
+        "write_json_durable", "write_replace",
     ),
     "jsonfile": ("parse_json_fd", "read_json"),
     "locks": ("ExclusiveLock", "Holder", "SharedHold", "is_held", "read_holder", "try_exclusive"),
@@ -123,7 +122,6 @@ __all__ = [
     "exchange_dirs",
     "file_digest",
     "fsync_dir",
-    "fsync_dirs",
     "fsync_tree",
     "hash_many",
     "identify",

@@ -31,7 +31,6 @@ from .trust import EXPLICIT, Trust
 __all__ = [
     "file_digest",
     "fsync_dir",
-    "fsync_dirs",
     "fsync_tree",
     "write_bytes_durable",
     "write_json_durable",
@@ -188,16 +187,6 @@ def fsync_tree(root: Path) -> None:
                             thread_name_prefix="tsc-sync") as pool:
         for future in [pool.submit(_fsync_path, p, d) for p, d in entries]:
             future.result()
-
-
-def fsync_dirs(leaf: Path, top: Path) -> None:
-    """Fsync ``leaf`` and every directory above it up to and including ``top``."""
-    d = leaf
-    while True:
-        fsync_dir(d)
-        if d == top or d == d.parent:
-            return
-        d = d.parent
 
 
 def write_replace(

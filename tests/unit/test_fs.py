@@ -64,17 +64,6 @@ def test_file_digest_of_a_path_and_of_a_descriptor(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_fsync_dirs_flushes_every_directory_up_to_the_top(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    leaf = tmp_path / "a" / "b" / "c"
-    leaf.mkdir(parents=True)
-    seen: list[Path] = []
-    monkeypatch.setattr(durable, "fsync_dir", seen.append)
-    durable.fsync_dirs(leaf, tmp_path / "a")
-    assert seen == [leaf, leaf.parent, tmp_path / "a"]
-
-
 def test_remove_tree_renames_aside_then_removes(tmp_path: Path) -> None:
     tree = tmp_path / "t"
     (tree / "d").mkdir(parents=True)

@@ -341,9 +341,13 @@ class Workers(Executor):
         with self._lock:
             if worker.dismissed and future is None:
                 return
-            first = self._broken is None
-            if first:
+            if self._broken is None:
                 self._broken = error
+                # killed before their threads can see the executor broken and tell them to
+                # exit: every worker but the first to die ends by SIGKILL
+                for other in self.workers:
+                    if other is not worker and other.process.poll() is None:
+                        other.process.kill()
             queued = [item for queue in self._queues() for item in queue]
             for queue in self._queues():
                 queue.clear()
@@ -353,10 +357,6 @@ class Workers(Executor):
         for queued_future, _message in queued:
             if queued_future.set_running_or_notify_cancel():
                 queued_future.set_exception(WorkerDied(error))
-        if first:
-            for other in self.workers:
-                if other is not worker and other.process.poll() is None:
-                    other.process.kill()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Let each worker exit once the queue is empty (``cancel_futures``: the queued
@@ -406,15 +406,15 @@ class Workers(Executor):
             if self._broken is None:
                 self._broken = "the workers were killed"
             self._closing = True
+            for worker in self.workers:  # before their threads can tell them to exit
+                if worker.process.poll() is None:
+                    worker.process.kill()
             queued = [item for queue in self._queues() for item in queue]
             for queue in self._queues():
                 queue.clear()
             self._lock.notify_all()
         for future, _message in queued:
             future.cancel()
-        for worker in self.workers:
-            if worker.process.poll() is None:
-                worker.process.kill()
         for worker in self.workers:
             worker.process.wait()
             if worker.thread.ident is None:  # never started: its pipes are still open

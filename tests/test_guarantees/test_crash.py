@@ -240,12 +240,21 @@ def test_sigkill_at_every_io_step(fast_tmp: Path, overwrite: bool) -> None:
     assert len(flips) == 1, seen
     published_by = steps[flips[0] - 1]
     assert published_by == "rename", (flips, published_by)
-    # durable before published: every file's writes are followed by its fsync, and the
-    # publishing rename by nothing but the fsync of the directories before it
-    for i, step in enumerate(steps):
-        if step == "write":
-            assert steps[i + 1] in ("write", "fsync"), (i, steps[i : i + 2])
-    assert steps[flips[0] - 2] == "fsync_dir", steps[flips[0] - 4 : flips[0]]
+    # durable before published: after the build's last write, every file it created and every
+    # directory of the store are synced (together), and only then is the group metadata
+    # written and synced, with its directory, and the store published by the rename, which
+    # is followed by nothing but the sync of its directory
+    group = len(steps) - 1 - steps[::-1].index("create")
+    synced = group
+    while steps[synced - 1] in ("fsync", "fsync_dir"):
+        synced -= 1
+    tree = steps[synced:group]
+    walked = list(os.walk(results[-1]["root"]))
+    files, directories = sum(len(names) for _d, _s, names in walked), len(walked)
+    assert tree.count("fsync") == steps[:synced].count("create") == files - 1, tree
+    assert tree.count("fsync_dir") == directories, (tree, directories)
+    assert steps[group:] == ["create", "write", "fsync", "fsync_dir", "rename", "fsync_dir"]
+    assert group + 4 == flips[0] - 1, (group, flips)  # that rename is the publishing one
     # and a new build over what a killed builder left succeeds and collects its debris itself
     left = 0
     for res in rebuilt:

@@ -3,6 +3,7 @@ stamps every stage of the building process, with the CPU each process had used."
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -20,11 +21,14 @@ EVENT = re.compile(r"^ *([\d.]+) s  pid (\d+)  cpu +([\d.]+) s  (.*)$", re.M)
 def test_cold_timeline_stamps_both_builds_with_their_cpu(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.cold.cold_timeline", "--images", "80", "--rounds", "1",
-         "--workdir", str(tmp_path / "work")],
+         "--workdir", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
         cwd=REPO, capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.match(r"load average at the start: [\d.]+, [\d.]+, [\d.]+\n", proc.stdout)
+    report = json.loads((tmp_path / "results" / "timeline.json").read_text())
+    assert len(report["env"]["loadavg_at_start"]) == 3  # the load is written with the events
+    table = (tmp_path / "results" / "timeline.md").read_text()
+    assert re.match(r"Load average at the start: [\d.]+, [\d.]+, [\d.]+\.\n", table), table
     builds = proc.stdout.split("\nround 1, ")[1:]
     assert [b.split(":", 1)[0] for b in builds] == ["covers", "records"]
     for build in builds:

@@ -164,6 +164,18 @@ def _unpicklable(answer: tuple[str, Any, str], exc: Exception) -> BaseException:
 # -- in the building process ---------------------------------------------------------
 
 
+def _answer(data: bytes) -> tuple[str, Any, str]:
+    """A worker's answer; one that cannot be unpickled here (an error whose class needs other
+    arguments, or cannot be imported) becomes an error that says so."""
+    try:
+        answer: tuple[str, Any, str] = pickle.loads(data)
+    except Exception as exc:  # a future left unsettled would hang the build
+        return ("error", RuntimeError(
+            "a worker's answer could not be read in the building process "
+            f"({type(exc).__name__}: {exc})"), "")
+    return answer
+
+
 class _Worker:
     """One worker process, its pipes and the thread that feeds it."""
 
@@ -211,7 +223,7 @@ class _Worker:
             while (item := owner.next_task(self)) is not None:
                 future, message = item
                 _send(self.tx, message)
-                kind, value, where = pickle.loads(_recv(self.rx))
+                kind, value, where = _answer(_recv(self.rx))
                 if kind == "ok":
                     future.set_result(value)
                 else:

@@ -62,3 +62,15 @@ def uses_the_package() -> tuple[str, bool]:
 def argv() -> list[str]:
     """A task: the worker's ``sys.argv``."""
     return list(sys.argv)
+
+
+class NeedsTwoError(Exception):
+    """An error that pickles but cannot be unpickled (its ``__init__`` takes two arguments)."""
+
+    def __init__(self, first: object, second: object) -> None:
+        super().__init__(f"{first} and {second}")
+
+
+def raises_unloadable() -> None:
+    """A task whose error cannot be rebuilt in the building process."""
+    raise NeedsTwoError("one", "two")

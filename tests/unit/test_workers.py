@@ -57,6 +57,16 @@ def test_an_error_comes_back_with_the_workers_traceback() -> None:
     assert 'in fails\n    raise ValueError(message)' in str(cause), str(cause)
 
 
+def test_an_answer_that_cannot_be_read_fails_its_task_not_the_pool() -> None:
+    pool = _pool(1)
+    try:
+        with pytest.raises(RuntimeError, match=r"could not be read.*NeedsTwoError"):
+            pool.submit(_workers.raises_unloadable).result(GUARD_S)
+        assert pool.submit(_workers.whoami, 4).result(GUARD_S)[1] == 16  # the worker goes on
+    finally:
+        pool.shutdown()
+
+
 def test_a_worker_that_dies_breaks_the_pool_and_the_others_are_killed() -> None:
     pool = _pool(2)
     try:

@@ -6,17 +6,24 @@ of N covers, ``size=(32, 32)``, 2 workers) and the records benchmark's store (``
 with ``fields=`` and its :class:`~benchmarks.records.records_data.RecordLoader`, 2 workers),
 and prints, in seconds since the call, when the pool was started and returned, when each
 process started, had its imports done (its loader received), computed its first item and its
-last, when the pool was closed, the store published, opened, and the call returned. The
-building process's stamps are taken by wrapping the library's own functions; nothing else is
-changed. The stores are removed after each round; what is printed is written, with every
-round's events, to ``benchmarks/results/cold/timeline.json`` and ``.md``, stamped with the run
-(``--results DIR``, ``--out NAME`` write them elsewhere).
+last, when the pool was closed, the store published, opened, and the call returned; beside
+each stamp, the CPU seconds its process had used by then (user and system, since the process
+started: a worker's first stamp after its start is what its interpreter and imports cost).
+After each build: the CPU seconds of the building process during the call, of the worker
+processes it reaped, and of every process the build started that still runs (a helper
+process that lives as long as the building process). CPU seconds are what to compare on a
+machine shared with other work, where the seconds since the call stretch with the load.
+The building process's stamps are taken by wrapping the library's own functions; nothing
+else is changed. The stores are removed after each round; what is printed is written, with
+every round's events, to ``benchmarks/results/cold/timeline.json`` and ``.md``, stamped with
+the run and the load average at its start (``--results DIR``, ``--out NAME`` write them
+elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import resource
 import shutil
 import tempfile
 import time
@@ -29,7 +36,7 @@ import tensorstore_cache as tsc
 from benchmarks.common import make_images
 from benchmarks.common._record import Record, add_results_options
 from benchmarks.common._report import compile_sources
-from benchmarks.common._timeline import Stamps
+from benchmarks.common._timeline import Stamps, process_started_at
 from benchmarks.records import records_data
 from benchmarks.records.records import cover_records
 from benchmarks.records.records_methods.tsc import fields as record_fields
@@ -38,13 +45,29 @@ from benchmarks.records.records_methods.tsc import fields as record_fields
 EVERY = 50
 
 
-def _started_at() -> float:
-    """When this process started, in seconds since the epoch (to the kernel's clock tick:
-    its start in ticks since boot against the uptime now, not the boot time in whole
-    seconds that ``psutil`` adds)."""
-    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+def _stamp(stamps: Stamps, what: str) -> None:
+    """Stamp ``what`` with this process's CPU seconds so far."""
+    stamps(what, cpu=True)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of the children this process has reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _helpers() -> dict[int, tuple[str, float]]:
+    """The processes started by this one that still run: ``pid -> (command, CPU seconds)``."""
+    import psutil
+
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cpu = child.cpu_times()
+            out[child.pid] = (" ".join(child.cmdline())[-90:], cpu.user + cpu.system)
+        except psutil.Error:
+            continue
+    return out
 
 
 class StampedLoader:
@@ -63,16 +86,16 @@ class StampedLoader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["inner"], state["stamps"])  # type: ignore[misc]
         self.received = True
-        self.stamps("process started", at=_started_at())
-        self.stamps("imports done, loader received")
+        self.stamps("[0.000] process started", at=process_started_at())
+        _stamp(self.stamps, "imports done, loader received")
 
     def __call__(self, path: str) -> Any:
         self.count += 1
         if self.count == 1:
-            self.stamps("first item")
+            _stamp(self.stamps, "first item")
         out = self.inner(path)
         if self.count % EVERY == 0:
-            self.stamps(f"item {self.count}")
+            _stamp(self.stamps, f"item {self.count}")
         return out
 
 
@@ -86,11 +109,11 @@ def _wrapped(stamps: Stamps) -> Iterator[None]:
         original = getattr(owner, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            stamps(f"{what} started")
+            _stamp(stamps, f"{what} started")
             try:
                 return original(*args, **kwargs)
             finally:
-                stamps(f"{what} returned")
+                _stamp(stamps, f"{what} returned")
 
         setattr(owner, name, call)
         return lambda: setattr(owner, name, original)
@@ -113,13 +136,18 @@ def _events(path: str) -> list[str]:
                      (ln.split(" ", 2) for ln in lines)), key=lambda e: e[0])
     last: dict[int, tuple[float, int, str]] = {}
     for e in events:
-        if e[2].startswith("item "):
+        if e[2].split("] ", 1)[-1].startswith("item "):
             last[e[1]] = e
-    kept = [e for e in events if not e[2].startswith("item ")]
-    kept += [(t, pid, f"last stamped item ({what}, every {EVERY})")
-             for t, pid, what in last.values()]
+    kept = [e for e in events if not e[2].split("] ", 1)[-1].startswith("item ")]
+    for t, pid, what in last.values():
+        cpu, item = what.split("] ", 1)
+        kept.append((t, pid, f"{cpu}] last stamped item ({item}, every {EVERY})"))
     kept.sort(key=lambda e: e[0])
-    return [f"{t:7.3f} s  pid {pid}  {what}" for t, pid, what in kept]
+    out = []
+    for t, pid, what in kept:
+        cpu, event = what[1:].split("] ", 1)
+        out.append(f"{t:7.3f} s  pid {pid}  cpu {float(cpu):6.3f} s  {event}")
+    return out
 
 
 def timeline(kind: str, paths: list[str], inputs: Path, work: Path) -> list[str]:
@@ -127,8 +155,10 @@ def timeline(kind: str, paths: list[str], inputs: Path, work: Path) -> list[str]
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     stamps = Stamps(str(work / "stamps"), time.time())
+    helpers_before = _helpers()
+    reaped, cpu = _children_cpu(), time.process_time()
     with _wrapped(stamps):
-        stamps("call")
+        _stamp(stamps, "call")
         if kind == "covers":
             loader = StampedLoader(tsc.ImageLoader(size=(32, 32)), stamps)
             tsc.build_store(paths, work / "covers.tsc", loader=loader, workers=2,
@@ -138,8 +168,15 @@ def timeline(kind: str, paths: list[str], inputs: Path, work: Path) -> list[str]
             tsc.cached(paths, cache_dir=work / "cache", loader=loader,
                        loader_id=loader.loader_id, fields=record_fields(), workers=2,
                        progress=False).close()
-        stamps("returned")
+        _stamp(stamps, "returned")
+    cpu, reaped = time.process_time() - cpu, _children_cpu() - reaped
     events = _events(stamps.path)
+    events.append(f"CPU: building process {cpu:.3f} s during the call, the workers it reaped "
+                  f"{reaped:.3f} s")
+    for pid, (command, used) in sorted(_helpers().items()):
+        before = helpers_before.get(pid, (command, 0.0))[1]
+        events.append(f"     still running: pid {pid} ({used - before:.3f} s during the call, "
+                      f"{used:.3f} s in all) {command}")
     shutil.rmtree(work, ignore_errors=True)
     return events
 

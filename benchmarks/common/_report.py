@@ -363,7 +363,10 @@ def _commands(env: dict[str, Any], results: dict[str, Any]) -> str:
     return "Commands, one configuration resumed: " + "; then ".join(parts)
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(report: dict[str, Any],
+             sections: Callable[[dict[str, Any]], list[str]] | None = None) -> str:
+    """The main benchmark's table, targets and sections (``sections``: more of them, shown
+    after the targets, made from the report)."""
     env, results = report["env"], report["methods"]
     sizes = env["sizes"]
     v = env["versions"]
@@ -386,6 +389,8 @@ def markdown(report: dict[str, Any]) -> str:
         cells.append(same(r.get("vectors_equal_no_cache")))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += target_table(report["targets"], lambda t: t.get("reason") or times(t["value"]))
+    if sections is not None:
+        lines += sections(report)
     ovn = report.get("open_vs_n") or {}
     if ovn:
         ns = sorted({int(n) for per in ovn.values() for n in per})
@@ -417,7 +422,9 @@ def markdown(report: dict[str, Any]) -> str:
         "- first agent: time until a fresh agent process holds the vector of every unique "
         "path, computing and caching them (tensorstore_cache and zarr_api build with 2 worker "
         "processes; hf_datasets maps with num_proc=2; the others decode in the agent). Later "
-        "agent: the same with the cache in place. Library imports are not timed.",
+        "agent: the same with the cache in place. Library imports are not timed. Where the "
+        "run measured first agents in interleaved rounds (the section above), a method's "
+        "first agent is the median of its rounds, and the targets compare medians.",
         "- lookups: one vector by path (no_cache decodes the image; manager methods make one "
         "round trip to the manager; torch_save reads its in-process dict). Batches: 256 random "
         "rows gathered into one array.",

@@ -133,8 +133,6 @@ def _role(proc: Any) -> str:
         cmd = " ".join(proc.cmdline())
     except Exception:
         return "worker"
-    if "loky" in cmd:
-        return "worker"
     if "resource_tracker" in cmd or "semaphore_tracker" in cmd:
         return "tracker"
     return "worker"

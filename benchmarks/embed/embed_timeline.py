@@ -4,16 +4,21 @@ Run ``python -m benchmarks.embed.embed_timeline [--images N ...] [--threads T]``
 it builds the embeddings of that many covers (the covers of ``benchmarks.embed``, made by
 :mod:`benchmarks.common.make_images`) into a fresh cache, with the same ``tsc.cached`` call as the
 embedding benchmark, and prints when, in seconds since the call, the device worker's
-``setup`` started and ended, the first and last batches ran, the first item was prepared in
-each process, and the call returned. What is printed is written, with every size's events, to
-``benchmarks/results/embed/embed-timeline.json`` and ``.md``, stamped with the run
-(``--results DIR``, ``--out NAME`` write them elsewhere).
+process started and received its loader, its ``setup`` started and ended, the first and last
+batches ran, the first item was prepared in each process, and the call returned; beside each
+stamp, the CPU seconds its process had used by then (user and system, since the process
+started: what the device worker's interpreter, imports and model cost before its first batch),
+and after each build the CPU seconds of the building process during the call and of the
+worker processes it reaped. What is printed is written, with every size's events, to
+``benchmarks/results/embed/embed-timeline.json`` and ``.md``, stamped with the run and the load
+average at its start (``--results DIR``, ``--out NAME`` write them elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
 from collections.abc import Sequence
@@ -26,7 +31,7 @@ import tensorstore_cache as tsc
 from benchmarks.common import make_images
 from benchmarks.common._record import Record, add_results_options
 from benchmarks.common._report import compile_sources
-from benchmarks.common._timeline import Stamps
+from benchmarks.common._timeline import Stamps, process_started_at
 from benchmarks.embed.embed_model import CoverEmbed, decode
 
 
@@ -37,15 +42,21 @@ class StampedEmbed(CoverEmbed):
         super().__init__(threads, **batching)
         self.stamps = stamps
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """In the device worker: stamp when its process started and when it has its loader."""
+        self.__dict__.update(state)
+        self.stamps("[0.000] device worker: process started", at=process_started_at())
+        self.stamps("device worker: loader received", cpu=True)
+
     def setup(self, device: str) -> None:
         """Stamp, build the model, stamp."""
-        self.stamps("setup started")
+        self.stamps("setup started", cpu=True)
         super().setup(device)
-        self.stamps("setup ended")
+        self.stamps("setup ended", cpu=True)
 
     def __call__(self, items: list[Any]) -> npt.NDArray[Any]:
         """Stamp, then embed the batch."""
-        self.stamps(f"batch of {len(items)}")
+        self.stamps(f"batch of {len(items)}", cpu=True)
         return super().__call__(items)
 
 
@@ -59,7 +70,7 @@ class StampedDecode:
     def __call__(self, path: str) -> npt.NDArray[Any]:
         if os.getpid() not in self.seen:
             self.seen.add(os.getpid())
-            self.stamps("first item prepared")
+            self.stamps("first item prepared", cpu=True)
         return decode(path)
 
 
@@ -67,27 +78,42 @@ def timeline(paths: list[str], threads: int | None, batch: int, workers: int) ->
     """Build the embeddings of ``paths`` into a fresh cache; the stamped events, in order."""
     with tempfile.TemporaryDirectory() as tmp:
         stamps = Stamps(str(Path(tmp) / "stamps"), time.time())
-        stamps("cached() called")
+        reaped, cpu = _children_cpu(), time.process_time()
+        stamps("cached() called", cpu=True)
         tsc.cached(paths, cache_dir=Path(tmp) / "cache", loader=StampedEmbed(
                        stamps, threads, prepare=StampedDecode(stamps), batch_size=batch,
                        devices=["cpu"]),
                    workers=workers, progress=False).close()
-        stamps("cached() returned")
+        stamps("cached() returned", cpu=True)
+        cpu, reaped = time.process_time() - cpu, _children_cpu() - reaped
         lines = Path(stamps.path).read_text(encoding="utf-8").splitlines()
-    # in the order written (a process's events in order), then by time
-    events = sorted(((float(t), pid, what) for t, pid, what in (ln.split(" ", 2) for ln in lines)),
-                    key=lambda e: e[0])
-    batches = [e for e in events if e[2].startswith("batch")]
+    # in the order written (a process's events in order), then by time; "[C] what": C the CPU
+    events: list[tuple[float, str, str, str]] = []
+    for t, pid, stamped in (ln.split(" ", 2) for ln in lines):
+        used, what = stamped[1:].split("] ", 1)
+        events.append((float(t), pid, used, what))
+    events.sort(key=lambda e: e[0])
+    batches = [e for e in events if e[3].startswith("batch")]
     first, last = (batches[0], batches[-1]) if batches else (None, None)
-    kept = []
+    out = []
     for e in events:
+        at, pid, used, what = e
         if e is first:
-            kept.append((e[0], e[1], f"first {e[2]}"))
+            what = f"first {what}"
         elif e is last:
-            kept.append((e[0], e[1], f"last {e[2]} ({len(batches)} batches)"))
-        elif not e[2].startswith("batch"):
-            kept.append(e)
-    return [f"{t:7.2f} s  pid {pid}  {what}" for t, pid, what in kept]
+            what = f"last {what} ({len(batches)} batches)"
+        elif what.startswith("batch"):
+            continue
+        out.append(f"{at:7.2f} s  pid {pid}  cpu {float(used):6.2f} s  {what}")
+    out.append(f"CPU: building process {cpu:.2f} s during the call, the workers it reaped "
+               f"{reaped:.2f} s (the device worker and the CPU workers)")
+    return out
+
+
+def _children_cpu() -> float:
+    """CPU seconds of the children this process has reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: Sequence[str] | None = None) -> int:

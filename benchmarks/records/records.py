@@ -12,7 +12,10 @@ method's own environment (the peers' virtual environments come from ``make peers
   read a sequential epoch;
 - 4 reader processes that each opened the store and read every record, alive at once,
   and a baseline process: their private memory (USS) growth;
-- open time of a fresh process at several store sizes (synthetic records).
+- open time of a fresh process at several store sizes (synthetic records);
+- then every method's build again, and the decode-only floor (the same records computed by
+  2 processes, nothing written), in ``--build-rounds`` interleaved rounds: a method's build
+  time is the median of its rounds (:mod:`benchmarks.records._records_build`).
 
 Every method's records are checked against the numpy limit's (digests of the records
 read by key and of the first batches, and the epoch's sums). A method that is not
@@ -39,9 +42,9 @@ import numpy as np
 from benchmarks.common import _report, make_images
 from benchmarks.common._results import ResultsFile
 from benchmarks.common._stamp import run_stamp
-from benchmarks.records import _records_report, records_data
+from benchmarks.records import _records_build, _records_report, records_data
 from benchmarks.records._records_procs import Runner
-from benchmarks.records.records_methods import DEFAULT, METHODS, VENVS, get
+from benchmarks.records.records_methods import DEFAULT, FLOOR, METHODS, VENVS, get
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "records"
@@ -69,6 +72,7 @@ class Config:
     venvs: dict[str, str]
     keep: bool
     workers: int = WORKERS
+    build_rounds: int = 5
 
 
 def log(msg: str) -> None:
@@ -106,15 +110,21 @@ def parse(argv: list[str] | None) -> Config:
     for env, venv in VENVS.items():
         parser.add_argument(f"--{env.replace('_', '-')}-venv", default=str(REPO / venv),
                             help=f"virtual environment of the {env} methods (default {venv})")
+    parser.add_argument("--build-rounds", type=int, default=5,
+                        help="interleaved rounds of every method's build and of the decode-only "
+                        "floor, whose medians are the build times (default 5; 0: each build "
+                        "once, no floor)")
     parser.add_argument("--keep", action="store_true", help="keep the stores after measuring")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
+    unknown = [m for m in names if m not in METHODS or m == FLOOR]
     if unknown:
         parser.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
     if args.batches < 1 or args.batch_size < 1 or args.readers < 1 or args.images < 1:
         parser.error("--images, --batches, --batch-size and --readers must be >= 1")
+    if args.build_rounds < 0:
+        parser.error(f"--build-rounds must be >= 0, got {args.build_rounds}")
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     workdir = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-records").resolve()
@@ -123,7 +133,8 @@ def parse(argv: list[str] | None) -> Config:
     venvs = {env: str(Path(getattr(args, f"{env}_venv")).resolve()) for env in VENVS}
     return Config(args.images, args.seed, workdir, data, args.results.resolve(), args.out,
                   names, args.batches, args.batch_size, args.lookup_budget, sizes,
-                  args.open_repeats, args.readers, args.timeout, venvs, args.keep)
+                  args.open_repeats, args.readers, args.timeout, venvs, args.keep,
+                  build_rounds=args.build_rounds)
 
 
 def cover_records(data: Path) -> tuple[list[str], np.ndarray, int]:
@@ -236,15 +247,22 @@ def bench_open_vs_n(name: str, cfg: Config, runner: Runner) -> dict[str, Any]:
     return per
 
 
+def _markdown(report: dict[str, Any]) -> str:
+    """The tables, with the section of the rounds of builds."""
+    section = _records_build.markdown(report.get("build_rounds"))
+    return _records_report.markdown(report) + ("\n".join(section[1:]) + "\n" if section else "")
+
+
 def save(report: dict[str, Any], files: ResultsFile, started: float, cfg: Config,
          run: dict[str, Any]) -> str:
     """Write the report as anyone can read it: the run's directories by name, no machine's."""
     report["env"]["wall_s"] = round(time.time() - started, 1)
     _records_report.check_records(report["methods"])
-    report["targets"] = _records_report.targets(report["methods"], report["open_vs_n"],
-                                                report["config"]["open_sizes"])
+    report["targets"] = {**_records_report.targets(report["methods"], report["open_vs_n"],
+                                                   report["config"]["open_sizes"]),
+                         **_records_build.targets(report.get("build_rounds"))}
     venvs = {f"{env}_venv": venv for env, venv in cfg.venvs.items()}
-    return _report.publish(files, report, _records_report.markdown, run, data=cfg.data,
+    return _report.publish(files, report, _markdown, run, data=cfg.data,
                            workdir=cfg.workdir, results=cfg.results, **venvs)
 
 
@@ -289,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
             if rec["status"] == "ok" and cfg.open_sizes:
                 report["open_vs_n"][name] = bench_open_vs_n(name, cfg, runner)
             rec["wall_s"] = round(time.time() - t0, 1)
+            save(report, files, started, cfg, run)
+        built = [m for m, r in report["methods"].items() if r.get("status") == "ok"]
+        if cfg.build_rounds and built:
+            log(f"builds, {cfg.build_rounds} interleaved rounds of {', '.join(built)} and "
+                f"{FLOOR}")
+            report["build_rounds"] = _records_build.build_rounds(
+                runner, cfg.workdir, built, jobs["inputs"], cfg.workers, cfg.build_rounds, log)
+            _records_build.apply(report["methods"], report["build_rounds"])
             save(report, files, started, cfg, run)
     except KeyboardInterrupt:
         log(f"interrupted: {files.json} holds the methods measured so far")

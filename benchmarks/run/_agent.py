@@ -6,7 +6,8 @@ unique paths, then runs the tasks of its job in this order:
 
 ``load``
     ``Method.load``: time until the agent holds the column of every path (building
-    included when the cache is empty).
+    included when the cache is empty), and the CPU seconds it took (this process's and
+    its reaped children's).
 ``full_pass``
     read every vector once.
 ``hold``
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import resource
 import sys
 import time
 import traceback
@@ -94,6 +96,16 @@ def _dataloader_epoch(column: Any) -> dict[str, Any]:
     return {"seconds": seconds, "items": items, "items_per_s": items / seconds if seconds else 0.0}
 
 
+def _cpu() -> float:
+    """CPU seconds (user and system) of this process and of its children it has reaped
+    (the worker processes of a build or a ``map``, once they have exited)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
 def _oom_score_adj() -> int | None:
     """This process's ``oom_score_adj`` as the kernel has it (None: not Linux)."""
     try:
@@ -137,9 +149,11 @@ def agent_main(job: dict[str, Any], conn: Any) -> None:
             from benchmarks.common.methods._base import SyntheticLoader
 
             loader = SyntheticLoader()
+        cpu0 = _cpu()
         t0 = time.perf_counter()
         column = method.load(job["state"], paths, loader)
         result["load_s"] = time.perf_counter() - t0
+        result["load_cpu_s"] = _cpu() - cpu0
         result["open_s"] = column.open_s
         result["hit"] = column.hit
         result["n"] = column.n

@@ -10,7 +10,11 @@ method of :mod:`benchmarks.common.methods`, in fresh ``spawn``-ed agent processe
   second, one torch DataLoader epoch (``num_workers=2``), a full pass;
 - USS and PSS of K = 1, 2, 4 agents holding the full column at the same time, and of a
   baseline agent that imported the same libraries (growth is reported over it);
-- disk bytes; then open/load time at three store sizes, written with random vectors.
+- disk bytes; then open/load time at three store sizes, written with random vectors;
+- then every method's first agent again, in ``--first-rounds`` interleaved rounds (each round
+  in a rotated order, each agent on an empty cache): the first agent's time is the median of
+  the rounds, reported with every round's time, the spread and the agent's CPU seconds
+  (see :mod:`benchmarks.run._first_rounds`).
 
 A method whose agent is killed (the kernel's OOM killer included), raises, or runs
 past ``--agent-timeout`` has that round recorded as its result (status, signal, last
@@ -43,7 +47,7 @@ from benchmarks.common._memory import available_memory, gb
 from benchmarks.common._results import ResultsFile
 from benchmarks.common._stamp import now, run_stamp
 from benchmarks.common.methods._base import ITEM_BYTES
-from benchmarks.run import _plots
+from benchmarks.run import _first_rounds, _plots
 from benchmarks.run._driver import AGENT_TIMEOUT_S, set_start_method
 from benchmarks.run._rounds import (
     Config,
@@ -130,6 +134,10 @@ def parse(argv: list[str] | None) -> Config:
                         help="run rounds of K agents even where the 1-agent round's memory x K "
                         "exceeds the available memory (their agents may be killed by the "
                         "kernel: recorded as results); without it such rounds are skipped")
+    parser.add_argument("--first-rounds", type=int, default=None,
+                        help="interleaved rounds of every method's first agent, whose median is "
+                        "the first agent's time (default 5; quick 2; 0: only the single first "
+                        "agent measured with each method's other rounds)")
     parser.add_argument("--start-method", choices=("spawn", "forkserver"), default=None,
                         help="how agents start (default spawn: fresh interpreters; "
                         "--quick defaults to forkserver, which starts them in milliseconds)")
@@ -156,6 +164,9 @@ def parse(argv: list[str] | None) -> Config:
     budget = args.budget if args.budget is not None else (0.1 if quick else 1.0)
     start = args.start_method or ("forkserver" if quick else "spawn")
     repeats = args.open_repeats or (1 if quick else 3)
+    first_rounds = args.first_rounds if args.first_rounds is not None else (2 if quick else 5)
+    if first_rounds < 0:
+        parser.error(f"--first-rounds must be >= 0, got {first_rounds}")
     if args.agent_timeout <= 0:
         parser.error(f"--agent-timeout must be > 0 seconds, got {args.agent_timeout:g}")
     try:
@@ -164,7 +175,7 @@ def parse(argv: list[str] | None) -> Config:
         parser.error(f"--out: {exc}")
     return Config(images, args.seed, workdir, data, files.directory, names, agents, sizes,
                   budget, quick, start, repeats, files.name, args.resume, args.agent_timeout,
-                  args.allow_oom)
+                  args.allow_oom, first_rounds)
 
 
 def _config_dict(cfg: Config) -> dict[str, Any]:
@@ -223,14 +234,15 @@ def main(argv: list[str] | None = None) -> int:
         env["runs"] = [{"date": env["date"], "command": env["command"], "resumed": False}]
         report = {"env": env, "config": _config_dict(cfg), "methods": {}, "open_vs_n": {},
                   "targets": {}}
-    count = len(report["methods"])
+    count = len(report["methods"]), bool(report.get("first_rounds"))
     try:
         _measure(cfg, report, files, started, paths, paths_file, run)
+        _rounds_of_first_agents(cfg, report, files, started, paths, paths_file, run)
     except KeyboardInterrupt:
         log(f"interrupted: {files.json} holds the methods measured so far "
             f"({', '.join(report['methods']) or 'none'}); --resume goes on from there")
         return 130
-    if previous and len(report["methods"]) == count:
+    if previous and (len(report["methods"]), bool(report.get("first_rounds"))) == count:
         report["env"]["runs"].pop()  # nothing measured: the tables and plots are redrawn
         log(f"{files.json}: every method is measured; tables and plots redrawn")
         text = _save(report, files, None, cfg, run)
@@ -267,6 +279,26 @@ def _measure(cfg: Config, report: dict[str, Any], files: ResultsFile, started: f
         _save(report, files, started, cfg, run)
 
 
+def _rounds_of_first_agents(cfg: Config, report: dict[str, Any], files: ResultsFile,
+                            started: float, paths: list[str], paths_file: str,
+                            run: dict[str, Any]) -> None:
+    """The interleaved rounds of every measured method's first agent (kept as they are by
+    ``--resume`` when they hold every method); the first agent's time becomes their median."""
+    names = [m for m in report["methods"] if m in cfg.methods]
+    done = report.get("first_rounds") or {}
+    if cfg.first_rounds < 1 or (set(done.get("methods", {})) == set(names) and names):
+        return
+    log(f"first agents, {cfg.first_rounds} interleaved rounds of {', '.join(names)}")
+    report["first_rounds"] = _first_rounds.first_rounds(cfg, names, paths, paths_file)
+    _first_rounds.apply(report["methods"], report["first_rounds"])
+    _save(report, files, started, cfg, run)
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    """The report's markdown, with the section of the first agents' rounds."""
+    return _report.markdown(report, lambda r: _first_rounds.markdown(r.get("first_rounds")))
+
+
 def _save(report: dict[str, Any], files: ResultsFile, started: float | None,
           cfg: Config, run: dict[str, Any]) -> str:
     """Rewrite the results file and its table with what is measured so far (and this
@@ -280,7 +312,7 @@ def _save(report: dict[str, Any], files: ResultsFile, started: float | None,
     report["config"]["methods"] = list(report["methods"])
     report["targets"] = _report.targets(report["methods"], report["open_vs_n"],
                                         report["config"]["open_sizes"])
-    return _report.publish(files, report, _report.markdown, run, data=cfg.data,
+    return _report.publish(files, report, _markdown, run, data=cfg.data,
                            workdir=cfg.workdir, results=cfg.results)
 
 

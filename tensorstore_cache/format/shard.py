@@ -48,8 +48,11 @@ def write_shard(
     rows_per_shard: int,
     *,
     trust: Trust | None = None,
+    sync: bool = True,
 ) -> tuple[int, str]:
-    """Write the shard file ``path`` from ``block`` (rows x item), durably and atomically.
+    """Write the shard file ``path`` from ``block`` (rows x item), durably (``sync=False``:
+    its writing-back started, :func:`~tensorstore_cache.fs.durable.fsync_tree` makes it
+    durable) and atomically.
 
     Written with :func:`~tensorstore_cache.fs.durable.write_replace`: a reader
     or a retried task never finds a half-written file at ``path``, and
@@ -68,6 +71,8 @@ def write_shard(
     trust
         Whose cache it is: the file gets its mode (default ``0o644``
         through the umask).
+    sync
+        Fsync the file before it is renamed into place.
 
     Returns
     -------
@@ -81,7 +86,7 @@ def write_shard(
     item_nbytes = data.nbytes // rows if rows else 0
     tail = _index_bytes(rows, rows_per_shard, item_nbytes)
     return write_replace(
-        path, [data.reshape(-1).view(np.uint8).data, memoryview(tail)], trust=trust
+        path, [data.reshape(-1).view(np.uint8).data, memoryview(tail)], trust=trust, sync=sync
     )
 
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .durable import (
         file_digest,
         fsync_dir,
-        fsync_dirs,
+        fsync_tree,
         json_record,
         write_bytes_durable,
         write_json_durable,
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "crash": ("io_step",),
     "durable": (
-        "file_digest", "fsync_dir", "fsync_dirs", "json_record", "write_bytes_durable",
+        "file_digest", "fsync_dir", "fsync_tree", "json_record", "write_bytes_durable",
         "write_json_durable", "write_replace",
     ),
     "jsonfile": ("parse_json_fd", "read_json"),
@@ -122,7 +122,7 @@ __all__ = [
     "exchange_dirs",
     "file_digest",
     "fsync_dir",
-    "fsync_dirs",
+    "fsync_tree",
     "hash_many",
     "identify",
     "io_step",

@@ -3,9 +3,12 @@
 Every store is written the same way, whether a build computed its vectors, a
 skip-mode build drops the rows that failed, or a cache compaction merges
 parts: shard files (:func:`write_shard_file`, the one place that creates a
-shard's directories and fsyncs them), then the index and the array metadata
-(:func:`finish_store`), then the group metadata last and the rename
-(:func:`publish`).
+shard's directories), then the index and the array metadata
+(:func:`finish_store`), then, once every file and directory of the store is
+on disk (:func:`seal`, one :func:`~tensorstore_cache.fs.fsync_tree` of the
+whole directory: the files were written with ``sync=False``, their
+writing-back started as each was written), the group metadata last and the
+rename (:func:`publish`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from ..fs import (
     discard_tree,
     exchange_dirs,
     fsync_dir,
-    fsync_dirs,
+    fsync_tree,
     io_step,
     make_dir,
     temp_path,
@@ -69,10 +72,10 @@ def write_shard_file(
 
     ``rel`` is ``<array>/c/<k>/...``. Creates the shard's directories below
     ``root/<array>`` only (which must exist: a late or retried task of an
-    abandoned build fails instead of recreating it), writes the file
-    atomically (a retried task overwrites what a killed attempt left), then
-    fsyncs every directory up to the array's. Directories and the file get
-    the modes of ``trust``.
+    abandoned build fails instead of recreating it) and writes the file
+    atomically (a retried task overwrites what a killed attempt left), its
+    writing-back started: :func:`seal` makes the whole store durable before it
+    is published. Directories and the file get the modes of ``trust``.
 
     Returns
     -------
@@ -86,9 +89,7 @@ def write_shard_file(
     for part in ["c", *rest.split("/")[:-1]]:  # "c", shard number, "0"...
         d = d / part
         make_dir(d, trust)
-    entry = write_shard(path, block, rows_per_shard, trust=trust)
-    fsync_dirs(path.parent, base)
-    return entry
+    return write_shard(path, block, rows_per_shard, trust=trust, sync=False)
 
 
 def rewrite_rows(
@@ -155,15 +156,14 @@ def write_index(
         data = np.ascontiguousarray(arrays[name], dtype=np.dtype(dtype).newbyteorder("<"))
         make_dir(root / name, trust, exist_ok=False)
         files[f"{name}/{GROUP}"] = write_json_durable(
-            root / name / GROUP, index_array_metadata(name, len(data)), trust=trust
+            root / name / GROUP, index_array_metadata(name, len(data)), trust=trust, sync=False
         )
         if len(data):
             make_dir(root / name / "c", trust, exist_ok=False)
             files[f"{name}/c/0"] = write_bytes_durable(
-                root / name / "c" / "0", data.reshape(-1).view(np.uint8).data, trust=trust
+                root / name / "c" / "0", data.reshape(-1).view(np.uint8).data, trust=trust,
+                sync=False,
             )
-            fsync_dir(root / name / "c")
-        fsync_dir(root / name)
     return files, int(arrays["key_bytes"].nbytes)
 
 
@@ -182,7 +182,7 @@ def finish_store(
     Parameters
     ----------
     tmp
-        The unpublished store directory, its shards written and fsynced.
+        The unpublished store directory, its shards written.
     spec
         The store's spec.
     files
@@ -203,11 +203,8 @@ def finish_store(
         if not (tmp / directory).is_dir():
             make_dir(tmp / directory, trust)
         every[f"{directory}/{GROUP}"] = write_json_durable(
-            tmp / directory / GROUP, docs[directory], trust=trust
+            tmp / directory / GROUP, docs[directory], trust=trust, sync=False
         )
-        if (tmp / directory / "c").exists():
-            fsync_dir(tmp / directory / "c")
-        fsync_dir(tmp / directory)
     index_files, key_bytes_len = write_index(tmp, keys, sizes, mtimes, trust)
     every.update(index_files)
     return GroupMetadata(spec=spec, files=every, key_bytes_len=key_bytes_len)
@@ -219,7 +216,8 @@ def _depth_last(directory: str) -> tuple[int, str]:
 
 
 def seal(tmp: Path, meta: GroupMetadata, target: str, trust: Trust = EXPLICIT) -> None:
-    """Write the group metadata into ``tmp`` and check it as every reader will.
+    """Make everything in ``tmp`` durable (:func:`~tensorstore_cache.fs.fsync_tree`), then
+    write the group metadata into it and check it as every reader will.
 
     ``trust`` gives the group metadata its mode, and the finished store is
     read back under it (a cache's part must pass the checks of its readers;
@@ -231,6 +229,7 @@ def seal(tmp: Path, meta: GroupMetadata, target: str, trust: Trust = EXPLICIT) -
         If the finished store fails the checks every reader applies (nothing
         is to be published at ``target``).
     """
+    fsync_tree(tmp)  # every file and directory on disk, then the group metadata last
     meta.write(tmp, trust=trust)
     try:  # publish only what readers accept (e.g. not metadata past their size caps)
         GroupMetadata.read(tmp, trust=trust if trust.kind != "explicit" else _QUIET)

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..format import FIELDS, RECORDS_VERSION, FieldLayout, Fixed, StoreSpec
-from ..fs import Trust, discard_tree, fsync_dir, io_step, make_dir
+from ..fs import Trust, discard_tree, io_step, make_dir
 from .assemble import Files, rewrite_rows
 from .layout import rows_per_shard
 from .ragged import RaggedWriter
@@ -102,7 +102,6 @@ def assemble_fields(
         layouts.append(final)
         every.update(written)
     discard_tree(tmp / RUNS, strict=True)
-    fsync_dir(tmp)
     return _replace_fields(spec, tuple(layouts)), every
 
 
@@ -146,9 +145,6 @@ def drop_rows(
         io_step("rename")
         target.rename(tmp / old.path)
     discard_tree(staging, strict=True)
-    fsync_dir(tmp)
-    if spec.records:
-        fsync_dir(tmp / FIELDS)
     return new_spec, files
 
 

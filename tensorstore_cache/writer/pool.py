@@ -1,10 +1,12 @@
 """A build's own pool of worker processes, safe wherever the caller's code runs.
 
-Workers are started by loky from a clean interpreter (``fork`` immediately
-followed by ``exec``: the caller's process, which may run threads, is never
-forked, and its ``__main__`` never runs again, so a script without a main
-guard, code read from stdin or ``-c`` and a notebook all work). The loader
-travels once per worker, through the pool's initializer, pickled with
+Workers are started from a clean interpreter (:mod:`.procs`: ``fork``
+immediately followed by ``exec``: the caller's process, which may run
+threads, is never forked, and its ``__main__`` never runs again, so a script
+without a main guard, code read from stdin or ``-c`` and a notebook all
+work), as soon as the pool is made: they start while the loader is pickled
+and the first items are computed here. The loader travels once per worker,
+through the pool's initializer, pickled with
 cloudpickle: by reference when it can be imported by name, by value
 otherwise (a function of ``__main__`` or of a notebook cell, a lambda, a
 closure, a :func:`functools.partial` of a local function). Each worker
@@ -17,11 +19,13 @@ closure, a :func:`functools.partial` of a local function). Each worker
   wait for the lock its builder holds;
 * writes the shard it is building into a status file named by its pid, so
   that the builder can name that shard and its first source if the worker
-  dies.
+  dies;
+* exits without the interpreter's teardown once it has served its build
+  (:mod:`.quick_exit`).
 
 A build owns its pool (its initializer carries the build's loader); the
 pool ends with the build, and is killed, not waited for, when the build is
-interrupted.
+interrupted, or when the build is done before a worker was ready.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import dataclasses
 import os
 import pickle
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -41,6 +46,7 @@ from typing import Any
 from ..errors import BuildError
 from ..fs import discard_tree
 from .frames import loader_frames
+from .procs import Workers
 from .reentry import worker_environment
 from .tasks import ShardResult, ShardTask, run_shard
 
@@ -148,10 +154,6 @@ def _call_pooled(fn: Callable[..., None], status: str, *args: Any) -> None:
     _status("")
 
 
-def _started() -> None:
-    """A task that does nothing: the first task starts every worker of a pool."""
-
-
 def _run_pooled(task: ShardTask) -> ShardResult:
     """Run one shard task with the loader this worker received when it started."""
     if _start_error is not None:
@@ -186,24 +188,6 @@ def _interrupts_deferred() -> Iterator[None]:
             signal.raise_signal(signal.SIGINT)
 
 
-def _started_processes_context() -> Any:
-    """loky's start method, remembering every process it starts (for their exit codes)."""
-    from loky.backend.context import LokyContext
-    from loky.backend.process import LokyProcess
-
-    class Context(LokyContext):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.started: list[Any] = []
-
-        def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - multiprocessing's name
-            process = LokyProcess(*args, **kwargs)
-            self.started.append(process)
-            return process
-
-    return Context()
-
-
 def _fate(code: int | None) -> str:
     if code is None:
         return "died"
@@ -234,9 +218,6 @@ class BuildPool:
         directory exists, have their own.
     env
         Environment variables the workers get besides those of this process.
-    start
-        Start the workers now, rather than at the first task (their interpreters
-        start while this process goes on).
     setup
         A function (importable by name) each worker calls first when it starts,
         before it unpickles the loader: a device worker's set-up
@@ -245,30 +226,33 @@ class BuildPool:
 
     def __init__(
         self, size: int, loader: object, build_dir: Path, *, status_dir: Path | None = None,
-        env: Mapping[str, str] | None = None, start: bool = False,
-        setup: Callable[[], None] | None = None,
+        env: Mapping[str, str] | None = None, setup: Callable[[], None] | None = None,
     ) -> None:
-        from loky import ProcessPoolExecutor
-
-        payload = ship_loader(loader)
         status_dir = build_dir / STATUS_DIR if status_dir is None else status_dir
-        status_dir.mkdir()
         self.size = size
+        self._assigned = 0  # tasks given a worker of their own so far (see submit)
         self._status_dir = status_dir
-        self._context = _started_processes_context()
-        self._executor = ProcessPoolExecutor(
-            max_workers=size, context=self._context, initializer=_bootstrap,
-            initargs=(payload, str(status_dir), os.getpid(), setup),
-            env={**(env or {}), **worker_environment()},
-        )
-        if start:  # the first task starts every worker (a worker that cannot load the
-            self._executor.submit(_started)  # loader fails the tasks it takes)
+        # the interpreters start first: they import while the loader is pickled here
+        self._executor = Workers(size, {**os.environ, **(env or {}), **worker_environment()})
+        try:
+            payload = ship_loader(loader)
+            status_dir.mkdir()
+        except BaseException:
+            self._executor.kill()
+            raise
+        self._executor.start(_bootstrap, (payload, str(status_dir), os.getpid(), setup))
 
     def submit(self, task: ShardTask) -> Future[ShardResult]:
-        """Queue ``task`` (its loader is left out: the workers have theirs)."""
-        future: Future[ShardResult] = self._executor.submit(
-            _run_pooled, dataclasses.replace(task, loader=None)
-        )
+        """Queue ``task`` (its loader is left out: the workers have theirs); the first
+        :attr:`size` tasks go one to each worker, which takes it first: every worker takes
+        part in the build."""
+        sent = dataclasses.replace(task, loader=None)
+        future: Future[ShardResult]
+        if self._assigned < self.size:
+            future = self._executor.assign(self._assigned, _run_pooled, sent)
+            self._assigned += 1
+        else:
+            future = self._executor.submit(_run_pooled, sent)
         return future
 
     def call(self, fn: Callable[..., None], *args: Any, status: str) -> Future[None]:
@@ -284,35 +268,21 @@ class BuildPool:
         self._executor.shutdown(wait=False)
 
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
-        """Let the workers finish and exit (after every task is done); ``wait`` for them.
+        """Let the workers finish and exit (after every task is done; one still starting
+        then is killed); ``wait`` for them.
 
         With ``timeout``: wait at most that many seconds for every worker to exit, then
         kill those left (a worker tearing down a model that will not let go).
         """
-        if timeout is None:
-            self._executor.shutdown(wait=wait)
-            discard_tree(self._status_dir)
-            return
         self._executor.shutdown(wait=False)
-        deadline = time.monotonic() + timeout
-        for process in self._context.started:
-            if process.pid is not None:
-                process.join(max(0.0, deadline - time.monotonic()))
-        if any(p.pid is not None and p.exitcode is None for p in self._context.started):
+        if wait and not self._executor.join(timeout):
             self.abort()
         discard_tree(self._status_dir)
 
     def abort(self) -> None:
         """Kill every worker at once (running shards are abandoned) and reap them."""
         with _interrupts_deferred():
-            self._executor.shutdown(wait=True, kill_workers=True)
-            for process in self._context.started:
-                if process.pid is None:
-                    continue
-                if process.exitcode is None:  # our unreaped child: its pid is not reused
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(process.pid, signal.SIGKILL)
-                process.join(KILL_WAIT_S)
+            self._executor.kill()
             discard_tree(self._status_dir)
 
     def _building(self, pid: int) -> str:
@@ -333,14 +303,12 @@ class BuildPool:
             )
         by_rel = {t.rel: t for t in left}
         dead = []
-        for process in self._context.started:
-            if process.pid is None:
-                continue
-            process.join(KILL_WAIT_S)  # loky has killed the others: their codes are final
-            rel = self._building(process.pid)
-            dead.append((process.pid, process.exitcode, rel))
+        for worker in self._executor.workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(KILL_WAIT_S)  # the others are killed: their codes are final
+            dead.append((worker.pid, worker.process.returncode, self._building(worker.pid)))
         busy = [(pid, code, rel) for pid, code, rel in dead if rel]
-        # loky kills the remaining workers with SIGKILL once one died: another
+        # the remaining workers are killed with SIGKILL once one died: another
         # fate singles out the worker that died first
         odd = [d for d in busy if d[1] != -signal.SIGKILL]
         if len(odd) == 1 or len(busy) == 1:

@@ -8,7 +8,8 @@ full size (the last padded with zeros), as zarr's regular chunk grid wants;
 the chunks side by side in memory. The offsets (``uint64``, ``n + 1``) and,
 for a field that varies in more than its first dimension, every row's
 varying sizes (``int32``, ``(n, k)``) follow. Every file is written with
-:func:`~tensorstore_cache.fs.write_replace` (fsynced, renamed into place).
+:func:`~tensorstore_cache.fs.write_replace` (renamed into place, its writing-back started;
+the store is made durable as a whole before it is published).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..format import Field, FieldLayout, Ragged, chunk_rows
-from ..fs import EXPLICIT, Trust, fsync_dir, fsync_dirs, make_dir, write_replace
+from ..fs import EXPLICIT, Trust, make_dir, write_replace
 
 __all__ = ["RAGGED_CHUNK_BYTES", "RaggedWriter", "ragged_values"]
 
@@ -117,8 +118,8 @@ class RaggedWriter:
             if d.is_relative_to(self.root / self.layout.path / "values" / "c") and not d.is_dir():
                 make_dir(d, self.trust)
         pad = memoryview(bytes(chunk_bytes - len(data)))
-        self.files[rel] = write_replace(path, [memoryview(data), pad], trust=self.trust)
-        fsync_dirs(path.parent, self.root / self.layout.path / "values")
+        self.files[rel] = write_replace(path, [memoryview(data), pad], trust=self.trust,
+                                        sync=False)
         self._next_chunk += 1
 
     def finish(self) -> tuple[FieldLayout, dict[str, tuple[int, str]]]:
@@ -137,8 +138,6 @@ class RaggedWriter:
         self.files.update(self._array(base / "offsets", self.offsets, ("0",)))
         if self.shapes is not None and layout.n:
             self.files.update(self._array(base / "shapes", self.shapes, ("0", "0")))
-        fsync_dir(base / "values")
-        fsync_dir(base)
         return layout, self.files
 
     def _array(
@@ -153,8 +152,8 @@ class RaggedWriter:
             make_dir(d, self.trust)
         path = d / key[-1]
         raw = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
-        entry = write_replace(path, [raw.reshape(-1).view(np.uint8).data], trust=self.trust)
-        fsync_dirs(path.parent, directory)
+        entry = write_replace(path, [raw.reshape(-1).view(np.uint8).data], trust=self.trust,
+                              sync=False)
         rel = path.relative_to(self.root).as_posix()
         return {rel: entry}
 

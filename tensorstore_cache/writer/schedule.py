@@ -5,7 +5,10 @@ With no executor, ``workers`` processes work: this one and a
 per worker rather than in every task; the building process takes tasks
 too, from the other end of the queue (where a batched build's first
 batches, computed to learn the shape, are), so no core idles while the
-pool's interpreters start.
+pool's interpreters start. Once that end is empty, it takes back the tasks
+sent to the pool that no worker has started yet, except each worker's
+first: a worker is never left with two shards to finish while this process
+waits, and every worker of the pool takes part in the build.
 """
 
 from __future__ import annotations
@@ -128,6 +131,17 @@ def _broken_executor(exc: BaseException, left: list[ShardTask]) -> BaseException
     )
 
 
+def _steal(inflight: dict[Future[ShardResult], ShardTask],
+           committed: set[Future[ShardResult]]) -> ShardTask | None:
+    """A task sent to the pool that no worker has started, taken back (cancelled there), but
+    none of the ``committed`` (each worker's first): this process runs it rather than wait
+    for a worker to finish two."""
+    for future in list(inflight):
+        if future not in committed and future.cancel():
+            return inflight.pop(future)
+    return None
+
+
 def _collect(
     submit: Callable[[ShardTask], Future[ShardResult]],
     tasks: list[ShardTask],
@@ -138,7 +152,8 @@ def _collect(
     broken: Callable[[BaseException, list[ShardTask]], BaseException],
     first: Callable[[], None] | None = None,
 ) -> dict[str, ShardResult]:
-    """Feed the pool from the front of the queue; with ``local``, work from its back.
+    """Feed the pool from the front of the queue; with ``local``, work from its back, then
+    take back what the pool has not started (but each worker's first task).
 
     ``first`` runs once the pool has its first tasks, before anything else
     here. ``submit`` hands a task to the pool; ``broken`` turns the
@@ -173,11 +188,13 @@ def _collect(
 
     try:
         refill()
+        committed = set(list(inflight)[:pool_size])  # every worker takes part
         if first is not None:
             first()
         while pending or inflight:
-            if local and pending:
-                task = pending.pop()
+            task = (pending.pop() if local and pending else
+                    _steal(inflight, committed) if local else None)
+            if task is not None:
                 results[task.rel] = run_shard(task)
                 bar.update(len(task.keys))
                 harvest({f for f in inflight if f.done()})

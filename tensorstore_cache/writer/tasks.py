@@ -360,5 +360,6 @@ def _write_records(
         values, lengths, shapes = ragged_values(f, ragged[name])
         data = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
         result.run_files[name] = write_replace(
-            run_path(root, name, task.k), [data.reshape(-1).view(np.uint8).data], trust=trust)
+            run_path(root, name, task.k), [data.reshape(-1).view(np.uint8).data], trust=trust,
+            sync=False)
         result.runs[name] = (lengths.tolist(), None if shapes is None else shapes.tolist())

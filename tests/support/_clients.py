@@ -27,6 +27,13 @@ ITEM_SHAPE = (3, *SIZE)
 LOG_ENV = "TSC_TEST_LOG"
 
 
+def in_pool_worker() -> bool:
+    """Whether this process is a worker of a build's pool (its builder told it so)."""
+    from tensorstore_cache.writer.reentry import BUILDING_ENV
+
+    return bool(os.environ.get(BUILDING_ENV))
+
+
 def log_call(log: str | os.PathLike[str], key: str) -> None:
     """Append ``"<pid> <key>"`` to ``log`` in one ``write``."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -36,7 +36,7 @@ class _Process(Protocol):
 
 
 def pool_workers(pid: int) -> list[psutil.Process]:
-    """The pool worker processes of the caller ``pid`` (loky's, not its resource trackers)."""
+    """The pool worker processes of the caller ``pid`` (:mod:`tensorstore_cache.writer.procs`)."""
     try:
         children = psutil.Process(pid).children()
     except psutil.Error:
@@ -44,7 +44,7 @@ def pool_workers(pid: int) -> list[psutil.Process]:
     out = []
     for child in children:
         with contextlib.suppress(psutil.Error):
-            if "popen_loky" in " ".join(child.cmdline()):
+            if "tensorstore_cache.writer.procs" in " ".join(child.cmdline()):
                 out.append(child)
     return out
 

@@ -110,7 +110,8 @@ def test_an_agent_killed_by_a_signal_is_recorded_in_its_round(
     # its cells in the tables say so, as does the section of failures and the log
     row = next(ln for ln in table.splitlines() if ln.startswith(f"| {KILLED} |"))
     assert "killed by SIGKILL at" not in row  # the main table's K=4 columns: no such round
-    mem_row = [ln for ln in table.splitlines() if ln.startswith(f"| {KILLED} |")][1]
+    memory = table.split("| method | USS K=", 1)[1]  # the memory table, after the others
+    mem_row = next(ln for ln in memory.splitlines() if ln.startswith(f"| {KILLED} |"))
     assert mem_row.count("killed by SIGKILL at") == 3  # USS K=2, PSS K=2, anonymous K=2
     assert "## Failures and skipped rounds" in table
     assert f"| {KILLED} | 2 agents | killed | SIGKILL |" in table

@@ -10,6 +10,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -87,6 +88,16 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
         assert len(sizes) == 3 and all(v["open_s"] > 0 and v["hit"] for v in sizes.values())
     for name in ("no_cache", "manager_pil", "manager_vectors"):
         assert report["methods"][name]["disk_bytes"] is None
+    # every method's first agent again, in 2 interleaved rounds (the second in a rotated order)
+    rounds = report["first_rounds"]
+    names = list(METHODS)
+    assert rounds["rounds"] == 2 and rounds["orders"] == [names, names[1:] + names[:1]]
+    for name, per in rounds["methods"].items():
+        assert len(per["s"]) == 2 and all(s > 0 for s in per["s"]), (name, per)
+        assert all(c > 0 for c in per["cpu_s"]) and per["failures"] == [], (name, per)
+        rec = report["methods"][name]
+        assert rec["first_agent_s"] == per["median_s"], name  # the targets compare medians
+        assert rec["first_agent_once_s"] > 0, name
     env = report["env"]
     assert env["cores"] >= 1 and env["ram_bytes"] > 0 and env["cpu"] and env["python"]
     for pkg in ("numpy", "torch", "zarr", "datasets"):
@@ -102,6 +113,7 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
     for name in METHODS:
         assert f"| {name} |" in table
     assert "weights_only=False" in table
+    assert "## First agents, 2 interleaved rounds" in table
     # written as anyone can rerun it: no directory of this machine, the command included
     assert (report["config"]["workdir"], report["config"]["results"]) == ("<workdir>", "<results>")
     assert "--workdir <workdir> --results <results>" in report["env"]["command"]
@@ -204,7 +216,8 @@ def records_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.records", "--images", "300",
          "--methods", "numpy_limit,tensorstore_cache,litdata", "--open-sizes", "100,400",
-         "--open-repeats", "1", "--lookup-budget", "0.05", "--workdir", str(work),
+         "--open-repeats", "1", "--lookup-budget", "0.05", "--build-rounds", "2",
+         "--workdir", str(work),
          "--results", str(results), "--peers-venv", str(root / "no-such-venv")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
@@ -236,7 +249,31 @@ def test_records_numpy_limit_measures_every_figure(
     assert sorted(opens, key=int) == ["100", "400"]
     assert all(v["status"] == "ok" and v["open_s"] > 0 for v in opens.values())
     assert "| numpy_limit |" in table and "## Targets" in table
-    assert len(report["targets"]) == 8  # one padded-batch target per peer (4), lance among them
+    # one padded-batch target per peer (4), lance among them; the build's 2
+    assert len(report["targets"]) == 10
+
+
+@pytest.mark.timeout(660)
+def test_records_builds_again_in_rounds_beside_the_decode_only_floor(
+        records_run: tuple[Path, dict[str, Any], str]) -> None:
+    _work, report, table = records_run
+    rounds = report["build_rounds"]
+    built = ["numpy_limit", "tensorstore_cache", "decode_floor"]  # litdata is not installed
+    assert rounds["rounds"] == 2 and rounds["orders"] == [built, built[1:] + built[:1]]
+    for name, per in rounds["methods"].items():
+        assert len(per["s"]) == 2 and all(s > 0 for s in per["s"]), (name, per)
+        assert per["failures"] == [] and per["min_s"] <= per["median_s"] <= per["max_s"]
+    for name in built[:2]:
+        rec = report["methods"][name]
+        assert rec["build_s"] == rounds["methods"][name]["median_s"] and rec["build_once_s"] > 0
+    t = report["targets"]
+    floor = t["build_vs_decode_floor"]
+    assert floor["status"] in ("PASS", "MISS") and floor["threshold"] == 1.15
+    assert floor["value"] == pytest.approx(rounds["methods"]["tensorstore_cache"]["median_s"]
+                                           / rounds["methods"]["decode_floor"]["median_s"])
+    assert t["build_vs_fastest_peer"]["status"] == "n/a"
+    assert "no peer built" in t["build_vs_fastest_peer"]["reason"]
+    assert "## Builds, 2 interleaved rounds" in table and "| decode_floor |" in table
 
 
 @pytest.mark.timeout(660)
@@ -373,12 +410,44 @@ def test_embed_timeline_stamps_every_stage_of_a_batched_build(tmp_path: Path) ->
     assert unstamped(report) == [] and "embed_timeline --images 40" in report["stamp"]["command"]
     (written,) = report["figures"]["sizes"]
     assert written["covers"] == 40 and all(e in proc.stdout for e in written["events"])
-    events = [ln.strip().split("  ", 2) for ln in proc.stdout.splitlines() if " s  pid " in ln]
-    times = [float(t.split()[0]) for t, _pid, _what in events]
+    events = re.findall(r"^ *([\d.]+) s  pid (\d+)  cpu +([\d.]+) s  (.*)$", proc.stdout, re.M)
+    times = [float(t) for t, _pid, _cpu, _what in events]
     assert times == sorted(times)
-    what = [w for _t, _pid, w in events]
+    what = [w for _t, _pid, _cpu, w in events]
     assert what[0] == "cached() called" and what[-1] == "cached() returned", what
-    for stage in ("setup started", "setup ended", "first item prepared",
+    for stage in ("device worker: process started", "device worker: loader received",
+                  "setup started", "setup ended", "first item prepared",
                   "first batch of 16", "last batch of 8 (3 batches)"):
         assert stage in what, (stage, what)
     assert what.index("setup ended") < what.index("first batch of 16")
+    cpu = {w: float(c) for _t, _pid, c, w in events}
+    # the device worker's CPU grows from its start through its set-up (torch, the model)
+    assert cpu["device worker: process started"] == 0.0
+    assert 0 < cpu["device worker: loader received"] <= cpu["setup ended"]
+    assert re.search(r"^CPU: building process [\d.]+ s during the call, the workers it reaped "
+                     r"[\d.]+ s", proc.stdout, re.M), proc.stdout
+
+
+def test_records_build_targets_take_the_fastest_peer_and_the_floor() -> None:
+    from benchmarks.records._records_build import apply, targets
+
+    def per(median: float | None) -> dict[str, Any]:
+        return {"s": [median], "failures": [] if median else ["round 1: error: x"],
+                "median_s": median, "min_s": median, "max_s": median}
+
+    rounds: dict[str, Any] = {"rounds": 5, "orders": [], "methods": {
+        "tensorstore_cache": per(3.0), "hf_datasets": per(2.9), "mosaicml_streaming": per(3.5),
+        "litdata": per(None), "numpy_limit": per(2.0), "decode_floor": per(2.7)}}
+    t = targets(rounds)
+    fastest = t["build_vs_fastest_peer"]
+    assert fastest["value"] == pytest.approx(3.0 / 2.9) and fastest["status"] == "MISS"
+    assert "(hf_datasets)" in fastest["description"]  # the numpy limit is not a peer
+    floor = t["build_vs_decode_floor"]
+    assert floor["value"] == pytest.approx(3.0 / 2.7) and floor["status"] == "PASS"
+    methods: dict[str, Any] = {"tensorstore_cache": {"build_s": 9.0}}
+    apply(methods, rounds)
+    assert methods["tensorstore_cache"] == {"build_s": 3.0, "build_once_s": 9.0}
+    rounds["methods"]["tensorstore_cache"] = per(None)
+    failed = targets(rounds)["build_vs_decode_floor"]
+    assert failed["status"] == "FAILED" and "error: x" in failed["reason"]
+    assert targets(None) == {}

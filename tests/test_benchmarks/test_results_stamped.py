@@ -43,6 +43,9 @@ AWAITING_RERUN = {
     "cold/timeline-baseline.txt": "python -m benchmarks.cold.cold_timeline --rounds 2 (then "
                                   "delete this file; a baseline of older code: the same at "
                                   "that commit, --out timeline-baseline)",
+    "cold/timeline-before.txt": "python -m benchmarks.cold.cold_timeline --rounds 2 --out "
+                                "timeline-before, with this cold_timeline.py on the library "
+                                "of commit 8efc8d2 (then delete this file)",
     "cold/first-read.txt": "python -m benchmarks.cold.first_read --rounds 5 (then delete this "
                            "file)",
     "cold/first-read-baseline.txt": "the same at the commit compared against, --out "

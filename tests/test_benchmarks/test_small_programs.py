@@ -46,6 +46,8 @@ PROGRAMS: list[tuple[str, list[str], str, list[str]]] = [
      ["rounds"]),
     ("benchmarks.cold.first_read", ["--sizes", "300", "--rounds", "1"], "first-read",
      ["stores"]),
+    ("benchmarks.cold.compare", [".", ".", "--images", "400", "--rounds", "1"], "compare",
+     ["checkouts"]),
 ]
 
 

@@ -153,3 +153,25 @@ def test_a_main_target_without_its_figures_is_n_a() -> None:
     got = _report.targets(results, opens, [5000, 80000])
     assert {k for k, t in got.items() if t["status"] == "n/a"} == {
         "batch_vs_raw_memmap", "lookup_vs_hf_datasets", "first_agent_vs_hf_datasets"}
+
+
+def test_first_agents_rounds_rotate_and_their_median_is_the_figure() -> None:
+    from benchmarks.common._report import targets
+    from benchmarks.run import _first_rounds
+
+    names = ["no_cache", "hf_datasets", "tensorstore_cache"]
+    assert [_first_rounds.order(names, r) for r in range(4)] == [
+        names, names[1:] + names[:1], names[2:] + names[:2], names]
+    results = {n: {"first_agent_s": 9.0, "rounds": {"first": {"status": "ok"}}} for n in names}
+    rounds = {"rounds": 3, "orders": [], "methods": {
+        "no_cache": {"median_s": 2.4}, "hf_datasets": {"median_s": 2.0},
+        "tensorstore_cache": {"median_s": 1.4}}}
+    _first_rounds.apply(results, rounds)
+    assert [results[n]["first_agent_s"] for n in names] == [2.4, 2.0, 1.4]
+    assert results["tensorstore_cache"]["first_agent_once_s"] == 9.0
+    got = targets(results, {}, [])
+    assert got["first_agent_vs_no_cache"]["value"] == pytest.approx(2.4 / 1.4)
+    assert got["first_agent_vs_no_cache"]["status"] == "PASS"  # 1.71x >= 1.7x
+    assert got["first_agent_vs_hf_datasets"]["value"] == pytest.approx(0.7)
+    _first_rounds.apply(results, rounds)  # again (a resumed run): the single figure stays
+    assert results["tensorstore_cache"]["first_agent_once_s"] == 9.0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -33,7 +32,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterator
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import BrokenExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from tensorstore_cache.fs.locks import ExclusiveLock
 from tensorstore_cache.writer.builder import collect_debris
 
 from ..support._cache_loaders import LogLoader, expected, write_sources
+from ..support._clients import in_pool_worker
 from ..support._loaders import Filled
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,12 +240,21 @@ def test_sigkill_at_every_io_step(fast_tmp: Path, overwrite: bool) -> None:
     assert len(flips) == 1, seen
     published_by = steps[flips[0] - 1]
     assert published_by == "rename", (flips, published_by)
-    # durable before published: every file's writes are followed by its fsync, and the
-    # publishing rename by nothing but the fsync of the directories before it
-    for i, step in enumerate(steps):
-        if step == "write":
-            assert steps[i + 1] in ("write", "fsync"), (i, steps[i : i + 2])
-    assert steps[flips[0] - 2] == "fsync_dir", steps[flips[0] - 4 : flips[0]]
+    # durable before published: after the build's last write, every file it created and every
+    # directory of the store are synced (together), and only then is the group metadata
+    # written and synced, with its directory, and the store published by the rename, which
+    # is followed by nothing but the sync of its directory
+    group = len(steps) - 1 - steps[::-1].index("create")
+    synced = group
+    while steps[synced - 1] in ("fsync", "fsync_dir"):
+        synced -= 1
+    tree = steps[synced:group]
+    walked = list(os.walk(results[-1]["root"]))
+    files, directories = sum(len(names) for _d, _s, names in walked), len(walked)
+    assert tree.count("fsync") == steps[:synced].count("create") == files - 1, tree
+    assert tree.count("fsync_dir") == directories, (tree, directories)
+    assert steps[group:] == ["create", "write", "fsync", "fsync_dir", "rename", "fsync_dir"]
+    assert group + 4 == flips[0] - 1, (group, flips)  # that rename is the publishing one
     # and a new build over what a killed builder left succeeds and collects its debris itself
     left = 0
     for res in rebuilt:
@@ -299,11 +308,11 @@ class _Held:
 
 
 def _pool_workers(psutil: Any, pid: int, wait: bool) -> list[Any]:
-    """The builder's pool workers (not its resource tracker); with ``wait``, at least one."""
+    """The builder's pool workers; with ``wait``, at least one."""
     deadline = time.monotonic() + 60  # a guard against hangs, not a timing assertion
     while True:
         children = psutil.Process(pid).children(recursive=True)
-        workers = [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+        workers = list(children)
         if workers or not wait:
             return workers
         assert time.monotonic() < deadline, "the build never started a pool worker"
@@ -455,7 +464,7 @@ def test_io_error_inside_cached_leaves_the_build_lock_free(
 
 
 def _enospc_in_worker(key: str) -> np.ndarray:
-    if multiprocessing.parent_process() is not None:  # only ever inside a pool worker
+    if in_pool_worker():  # only ever inside a pool worker
 
         def full(fd: int, data: Any) -> int:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -475,7 +484,7 @@ def test_io_error_in_a_pool_worker_propagates(tmp_path: Path) -> None:
 # -- a pool worker dies ------------------------------------------------------------
 
 def _dies_on_k13(key: str) -> np.ndarray:
-    if key == "k13" and multiprocessing.parent_process() is not None:
+    if key == "k13" and in_pool_worker():  # the worker's first shard is always its own
         os.kill(os.getpid(), signal.SIGKILL)
     return _vec(key)
 
@@ -489,7 +498,7 @@ def test_killed_pool_worker_fails_the_build_cleanly(tmp_path: Path) -> None:
     assert "building shard vectors/c/0/0/0/0 (64 sources from 'k0') died by signal 9 (SIGKILL)" \
         in message, message
     assert "nothing was published" in message and "workers=1" in message
-    assert isinstance(info.value.__cause__, BrokenProcessPool)
+    assert isinstance(info.value.__cause__, BrokenExecutor)
     assert not root.exists() and _debris(root) == []
     with pytest.raises(tsc.StoreNotFoundError):
         tsc.open_store(root)

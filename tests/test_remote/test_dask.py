@@ -345,13 +345,14 @@ def test_worker_killed_without_retries_publishes_nothing(
 
 
 def _kill_during_write(task: ShardTask) -> None:
-    """Run a shard task in this (child) process and die just before its data is durable."""
+    """Run a shard task in this (child) process and die once its data is written, just before
+    the file is renamed into place."""
     import tensorstore_cache.fs.durable as durable
 
-    def die(fd: int) -> None:
+    def die(*args: object) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    durable.os.fsync = die  # type: ignore[attr-defined]
+    durable.os.replace = die  # type: ignore[attr-defined]
     run_shard(task)
 
 

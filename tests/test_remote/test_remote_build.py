@@ -63,15 +63,16 @@ class Recorder:
     a process's first call notes its pid there and waits until two processes
     have: both compute, however late the pool's worker starts. With ``gate``,
     the call on its file waits for a shard's upload (:class:`Gate`) and is
-    logged after it.
+    logged after it. With ``worker_calls``, the builder's first call waits
+    until other processes (its pool's worker) have made that many.
     """
 
     item_shape = (3, 32, 32)
     params: ClassVar[dict[str, Any]] = {}
 
     def __init__(
-        self, log: str, cache: str, bad: frozenset[str] = frozenset(), kill: str = "", builder: int = 0,
-        meet: str = "", gate: Gate | None = None,
+        self, log: str, cache: str, bad: frozenset[str] = frozenset(), kill: str = "",
+        builder: int = 0, meet: str = "", gate: Gate | None = None, worker_calls: int = 0,
     ) -> None:
         self.log = log
         self.cache = cache
@@ -81,9 +82,13 @@ class Recorder:
         self.meet = meet
         self.gate = gate
         self.met = False
+        self.worker_calls = worker_calls
         self.image = tsc.ImageLoader(size=(32, 32))
 
     def __call__(self, path: str) -> np.ndarray:
+        if self.worker_calls and os.getpid() == self.builder:
+            _wait_for_calls(Path(self.log), self.builder, self.worker_calls)
+            self.worker_calls = 0
         if os.path.basename(path) in self.bad:
             raise OSError(f"cannot read {path}")
         if os.path.basename(path) == self.kill and os.getpid() != self.builder:
@@ -109,6 +114,16 @@ def _meet(folder: Path) -> None:
     while len(list(folder.iterdir())) < 2:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no second process computed within two minutes ({folder})")
+        time.sleep(0.01)
+
+
+def _wait_for_calls(log: Path, builder: int, count: int) -> None:
+    """Wait until processes other than ``builder`` have logged ``count`` calls (a guard of
+    120 s against a hang: the test then fails on what it checks)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if log.exists() and sum(pid != builder for pid, _t, _n in _calls(log)) >= count:
+            return
         time.sleep(0.01)
 
 
@@ -207,9 +222,10 @@ def test_a_worker_killed_mid_build_leaves_no_group_and_no_shards(
     url = f"s3://{BUCKET}/killed.tsc"
     cache = tmp_path / "builder"
     # the pool's worker takes the first shards, the builder the last: the worker uploads
-    # shard 0, then dies in shard 1 (64 rows a shard here)
+    # shard 0, then dies in shard 1 (64 rows a shard here), which the builder, waiting until
+    # the worker is into it, cannot take back
     loader = Recorder(str(tmp_path / "calls.log"), str(cache), kill=os.path.basename(images[70]),
-                      builder=os.getpid())
+                      builder=os.getpid(), worker_calls=65)
     s3.reset()
     with pytest.raises(tsc.BuildError, match="died"):
         tsc.build_store(images, url, workers=2, progress=False, cache_dir=cache, loader=loader,

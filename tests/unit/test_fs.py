@@ -64,17 +64,6 @@ def test_file_digest_of_a_path_and_of_a_descriptor(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_fsync_dirs_flushes_every_directory_up_to_the_top(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    leaf = tmp_path / "a" / "b" / "c"
-    leaf.mkdir(parents=True)
-    seen: list[Path] = []
-    monkeypatch.setattr(durable, "fsync_dir", seen.append)
-    durable.fsync_dirs(leaf, tmp_path / "a")
-    assert seen == [leaf, leaf.parent, tmp_path / "a"]
-
-
 def test_remove_tree_renames_aside_then_removes(tmp_path: Path) -> None:
     tree = tmp_path / "t"
     (tree / "d").mkdir(parents=True)
@@ -324,3 +313,52 @@ def test_locks_work_here_and_conflict_between_descriptors(tmp_path: Path) -> Non
     free, fd = locks.try_exclusive(data)
     assert free and fd is not None
     os.close(fd)
+
+
+def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record the (device, inode) of every descriptor fsynced from now on, then fsync it."""
+    synced: list[tuple[int, int]] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append((st.st_dev, st.st_ino))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_fsync_tree_syncs_every_file_and_directory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    for rel in ("zarr.json", "vectors/zarr.json", "vectors/c/0/0", "vectors/c/1/0", "key_hash/c/0"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x" * 100)
+    (tmp_path / "outside").write_text("not ours")
+    (root / "link").symlink_to(tmp_path / "outside")
+    synced = _record_fsyncs(monkeypatch)
+    durable.fsync_tree(root)
+    every = [p for p in [root, *root.rglob("*")] if not p.is_symlink()]
+    want = sorted((p.stat().st_dev, p.stat().st_ino) for p in every)
+    assert sorted(synced) == want  # each once, side by side; no symbolic link followed
+    assert len(want) == 12
+
+
+def test_fsync_tree_raises_what_a_sync_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(4):
+        (tmp_path / f"f{i}").write_bytes(b"x")
+    bad = os.stat(tmp_path / "f2").st_ino
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.fstat(fd).st_ino == bad:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        durable.fsync_tree(tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +38,8 @@ def test_a_shard_file_is_written_and_flushed_one_way(
     size, digest = write_shard_file(root, "vectors/c/0/0", block, 4)
     assert crash._io_trace == [
         "mkdir", "mkdir",  # vectors/c, vectors/c/0
-        "create", "write", "write", "fsync", "rename",  # the file, by a temporary file
-        "fsync_dir", "fsync_dir", "fsync_dir",  # vectors/c/0, vectors/c, vectors
-    ]
+        "create", "write", "write", "rename",  # the file, by a temporary file
+    ]  # no sync yet: the whole store is synced at once before it is published (seal)
     assert (size, digest) == durable.file_digest(root / "vectors/c/0/0")
 
 
@@ -67,6 +67,59 @@ def test_rewrite_rows_then_finish_and_publish_makes_a_readable_store(tmp_path: P
         np.testing.assert_array_equal(store.take(np.arange(10)), source)
         assert store.paths == keys
         store.verify()
+
+
+@pytest.mark.parametrize("records", [False, True])
+def test_a_store_is_on_disk_whole_before_its_group_metadata_and_its_publication(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: bool
+) -> None:
+    """Its files are written without a sync each; then every file and directory of the build
+    directory is synced (one fsync_tree), then the group zarr.json is written (and synced)
+    and the directory renamed into place."""
+    from tensorstore_cache.writer import assemble
+
+    synced: list[tuple[int, int]] = []
+    real_fsync, real_write = os.fsync, GroupMetadata.write
+    real_tree = durable.fsync_tree
+    unsynced_at_seal: list[Path] = []
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append((st.st_dev, st.st_ino))
+        real_fsync(fd)
+
+    def tree(root: Path) -> None:
+        assert synced == [], "a file was synced on its own"
+        real_tree(root)
+        done = set(synced)
+        unsynced_at_seal.extend(p for p in [root, *root.rglob("*")]
+                                if (p.stat().st_dev, p.stat().st_ino) not in done)
+
+    def write(meta: GroupMetadata, root: Path, **kwargs: object) -> None:
+        assert not (root / "zarr.json").exists() and synced, "the group metadata came first"
+        real_write(meta, root, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(assemble, "fsync_tree", tree)
+    monkeypatch.setattr(GroupMetadata, "write", write)
+    out = tmp_path / "s.tsc"
+    keys = [f"k{i}" for i in range(10)]
+    if records:
+        fields: dict[str, tsc.Fixed | tsc.Ragged] = {"v": tsc.Fixed((4,), "float32"),
+                                                      "ids": tsc.Ragged("int32")}
+        tsc.build_store(keys, out, loader=_record, loader_id="rec/1", fields=fields, workers=1,
+                        progress=False, identity="none").close()
+    else:
+        tsc.build_store(keys, out, loader=_vec, loader_id="vec/1", workers=1, progress=False,
+                        identity="none", shard_bytes=64).close()
+    assert unsynced_at_seal == []
+    published = {(p.stat().st_dev, p.stat().st_ino) for p in [out, *out.rglob("*")]}
+    assert published <= set(synced)  # every entry of the store, its zarr.json included
+
+
+def _record(key: str) -> dict[str, np.ndarray]:
+    n = int(key[1:])
+    return {"v": np.full(4, n, np.float32), "ids": np.arange(n % 5, dtype=np.int32)}
 
 
 def test_options_are_built_by_keyword() -> None:

@@ -42,14 +42,18 @@ METHODS: dict[str, Entry] = {
     "lance": Entry("lance", "peers_lance"),
     "numpy_limit": Entry("numpy_limit", "project"),
     "hf_datasets_array3d": Entry("hf", "peers", "METHOD_ARRAY3D"),
+    "decode_floor": Entry("floor", "project"),
 }
-#: what a run measures unless told otherwise (``hf_datasets_array3d``: on request)
+#: what a run measures unless told otherwise (``hf_datasets_array3d``: on request;
+#: ``decode_floor``, which builds nothing to read, only in the rounds of builds)
 DEFAULT = ("tensorstore_cache", "hf_datasets", "litdata", "mosaicml_streaming", "lance",
            "numpy_limit")
 #: the environments' virtual environment directories, relative to the repository
 VENVS = {"peers": ".venv-peers", "peers_mds": ".venv-peers-mds",
          "peers_lance": ".venv-peers-lance"}
 PEERS = ("hf_datasets", "litdata", "mosaicml_streaming", "lance")
+#: the decode-only floor of a build (:mod:`.floor`)
+FLOOR = "decode_floor"
 
 
 def get(name: str) -> RecordMethod:

@@ -8,8 +8,8 @@ the loader. The parts, each a module:
 * :mod:`.launch`: the build's device workers and the CPU workers beside
   them, started at once and stopped when the build ends;
 * :mod:`.server`: a device worker, serving batches on its device;
-* :mod:`.environment` and :mod:`.quick_exit`: a device worker's process (its
-  variables and allocator; its exit without the interpreter's teardown);
+* :mod:`.environment`: a device worker's process (its variables and allocator; like
+  every worker, it exits without the interpreter's teardown: :mod:`..quick_exit`);
 * :mod:`.stage`: what the CPU workers run, and the batches they send;
 * :mod:`.results`: a batch's result, split into rows;
 * :mod:`.first_batches`: the first batches, computed in the building process

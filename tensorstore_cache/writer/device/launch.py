@@ -88,8 +88,7 @@ def device_workers(
         futures = [pool.call(serve, device, address, authkey, status=f"device {device}")
                    for device, address in zip(devices, addresses, strict=True)]
         if cpu_workers > 0:
-            pools.append(BuildPool(cpu_workers, stage, scratch, status_dir=scratch / "cpu",
-                                   start=True))
+            pools.append(BuildPool(cpu_workers, stage, scratch, status_dir=scratch / "cpu"))
         stage.connect_after(lambda: _wait_listening(futures, addresses, devices))
         yield stage, pools[1] if len(pools) > 1 else None
         stage.wait_started()  # never connected otherwise

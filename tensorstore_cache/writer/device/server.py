@@ -17,7 +17,6 @@ connection (:class:`~.stage.DeviceStage` is the other end).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import queue
 import threading
@@ -31,19 +30,18 @@ from typing import Any
 
 from ...loaders import BatchLoader
 from ..frames import loader_frames
+from ..quick_exit import served
 from .environment import keep_freed_memory
-from .quick_exit import exit_quickly, served
 from .results import as_numpy
 
 __all__ = ["device_worker_setup", "serve"]
 
 
 def device_worker_setup() -> None:
-    """A device worker's set-up, before it unpickles its loader: it exits without the
-    interpreter's teardown once it has served its build (:func:`~.quick_exit.exit_quickly`,
-    registered first, so that the handlers the loader registers run before it), and keeps
-    the memory it frees (:func:`~.environment.keep_freed_memory`)."""
-    atexit.register(exit_quickly)
+    """A device worker's set-up, before it unpickles its loader: it keeps the memory it frees
+    (:func:`~.environment.keep_freed_memory`). (Like every worker of a pool, it exits
+    without the interpreter's teardown once it has served its build:
+    :func:`~..quick_exit.exit_quickly`.)"""
     keep_freed_memory()
 
 

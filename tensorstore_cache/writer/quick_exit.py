@@ -1,11 +1,12 @@
-"""A device worker's quick exit: once it has served its build, no interpreter teardown.
+"""A worker's quick exit: once it has served its build, no interpreter teardown.
 
-A device worker that served its build to the end skips the interpreter's
-final teardown, which for a framework such as torch takes about a second
-that the build would wait for (:func:`exit_quickly`): the ``atexit``
-handlers still run (the loader's, its framework's, logging's), the file
-objects left open are closed (as the teardown would), and then the process
-exits at once. One that failed exits as usual.
+A worker of a build's pool (a CPU worker or a device worker) that served its
+build to the end skips the interpreter's final teardown, which the build
+would wait for (about a second for a framework such as torch, a tenth of one
+for numpy and Pillow on a loaded machine) (:func:`exit_quickly`): the
+``atexit`` handlers still run (the loader's, its framework's, logging's),
+the file objects left open are closed (as the teardown would), and then the
+process exits at once. One that failed exits as usual.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from typing import Any
 
 __all__ = ["exit_quickly", "served"]
 
-#: Set in a device worker once it has served its build to the end (see :func:`exit_quickly`).
+#: Set in a worker once it has served its build to the end (see :func:`exit_quickly`).
 _served: list[bool] = []
 
 
 def served() -> None:
-    """In a device worker: note that it has served its build to the end (it may exit
-    quickly)."""
+    """In a worker: note that it has served its build to the end (it may exit quickly)."""
     _served.append(True)
 
 
@@ -45,7 +45,7 @@ def _depth(obj: Any) -> tuple[bool, bool]:
 
 
 def exit_quickly() -> None:
-    """At exit, once this device worker has served its build: finish what the teardown would,
+    """At exit, once this worker has served its build: finish what the teardown would,
     then exit without it.
 
     Registered with :mod:`atexit` before the worker unpickles its loader, so

@@ -58,6 +58,8 @@ DTYPES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
      "float16", "float32", "float64"]
 )
+#: Bytes of one element of every allowed dtype (looked up, not asked of NumPy each time).
+_ITEMSIZE: dict[str, int] = {name: np.dtype(name).itemsize for name in DTYPES}
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 #: Names a field may not take: the store's own arrays and a record's (Mapping) methods.
 _RESERVED = frozenset(["vectors", "get", "items", "keys", "values"])
@@ -152,7 +154,7 @@ class Fixed:
     @property
     def nbytes(self) -> int:
         """Bytes of one value."""
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _ITEMSIZE[self.dtype]
 
     @property
     def inner(self) -> tuple[int, ...]:
@@ -493,7 +495,7 @@ class FieldLayout:
     @property
     def row_nbytes(self) -> int:
         """Bytes of one row of the field's array (fixed) or of ``values`` (ragged, text)."""
-        return math.prod(self.field.inner) * np.dtype(self.dtype).itemsize
+        return math.prod(self.field.inner) * _ITEMSIZE[self.dtype]
 
     def shard_count(self) -> int:
         """Shard files (fixed) or ``values`` chunk files (ragged, text)."""

@@ -624,10 +624,11 @@ class GroupMetadata:
                 ) from None
             raise
         meta, documents = _parse_group(group, where)
+        seen: dict[bytes, Any] = {}  # documents decoded, by their bytes (several are alike)
         for name, expected in documents.items():
             path = f"{root}/{name}/{GROUP}"
             if not json_file_is(path, expected, max_bytes=config.MAX_ARRAY_JSON, root=root,
-                                root_fd=root_fd, trust=trust):
+                                root_fd=root_fd, trust=trust, seen=seen):
                 raise _disagreement(meta, name, path, where)
         return meta
 

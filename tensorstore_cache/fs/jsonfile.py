@@ -159,6 +159,7 @@ def json_file_is(
     root: str | os.PathLike[str],
     root_fd: int | StoreWalk | None = None,
     trust: Trust | None = None,
+    seen: dict[bytes, Any] | None = None,
 ) -> bool:
     """Whether the metadata file ``path`` holds the document ``expected`` (compared as
     parsed JSON): what a store's allowlisted metadata files are checked with.
@@ -176,6 +177,10 @@ def json_file_is(
         The only document it may hold.
     max_bytes, root, root_fd, trust
         As :func:`read_json`'s.
+    seen
+        The documents decoded by earlier calls, by their bytes: a file holding the same
+        bytes as one of them is not decoded again (a store's arrays of one shape and type
+        have the same document).
 
     Raises
     ------
@@ -184,12 +189,17 @@ def json_file_is(
     """
     fd, st = _open_json(path, root, root_fd, trust)
     raw = _read_bounded(fd, st, path, max_bytes)
+    if seen is not None and raw in seen:
+        return bool(seen[raw] == expected)
     try:
-        if json.loads(raw.decode("utf-8")) == expected:
-            return True
+        value = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):  # UnicodeDecodeError too: said by the strict decoder
-        pass
-    return _decode_strictly(raw, path) == expected
+        return _decode_strictly(raw, path) == expected
+    if value != expected:
+        return _decode_strictly(raw, path) == expected
+    if seen is not None:
+        seen[raw] = value
+    return True
 
 
 def _read_bounded(

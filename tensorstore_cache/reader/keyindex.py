@@ -220,11 +220,12 @@ class KeyIndex:
         self._off_mv = int_items(self.key_offsets, "Q")
         self._kb_mv = self.key_bytes.data
         self._kb_len = len(self._kb_mv)
-        offsets: npt.NDArray[np.uint64] = np.asarray(self.key_offsets, dtype=np.uint64)
+        offsets: npt.NDArray[np.uint64] = np.ascontiguousarray(self.key_offsets, dtype=np.uint64)
         #: ``(start, stop)`` of every row's key bytes: overlapping rows of ``key_offsets``
-        self._spans = np.lib.stride_tricks.as_strided(
-            offsets, (max(0, len(offsets) - 1), 2), (offsets.strides[0],) * 2, writeable=False
-        )
+        #: (made as ``_windows`` makes its views: ``as_strided`` costs far more)
+        self._spans: npt.NDArray[np.uint64] = np.ndarray(
+            (max(0, len(offsets) - 1), 2), dtype=np.uint64, buffer=offsets, strides=(8, 8))
+        self._spans.flags.writeable = False
 
     def _bad_index(self, name: str, detail: str) -> CorruptStoreError:
         path = self.root / name / "c" / "0"

@@ -44,6 +44,11 @@ from .supply import ShardSupply
 
 __all__ = ["Segment"]
 
+#: The index arrays of the key index.
+_KEY_ARRAYS = ("key_hash", "key_row", "key_offsets", "key_bytes")
+#: Each index array's dtype, little-endian as the files are.
+_LITTLE = {name: np.dtype(dtype).newbyteorder("<") for name, dtype in INDEX_ARRAYS.items()}
+
 
 class Segment:
     """A mapped store directory.
@@ -137,30 +142,32 @@ class Segment:
         return self._dir_fd
 
     def _open(self, root: Path, meta: GroupMetadata, walk: StoreWalk) -> None:
-        self.spec, self.files, key_bytes_len = meta.spec, meta.files, meta.key_bytes_len
+        self.spec, self.files, self._key_bytes_len = meta.spec, meta.files, meta.key_bytes_len
         self.n = self.spec.n
         self._buffers: list[mmap.mmap] = []
-        arrays: dict[str, npt.NDArray[np.generic]] = {}
-        for name, dtype in INDEX_ARRAYS.items():
-            length = index_array_length(name, self.spec, key_bytes_len)
-            rel = f"{name}/c/0"
-            if length == 0:
-                arrays[name] = np.empty(0, dtype=np.dtype(dtype))
-                continue
-            item = np.dtype(dtype).itemsize
-            path = f"{root}/{rel}"
-            buf = map_file(path, root, self.files[rel][0], root_fd=walk, trust=self.trust)
-            if buf is None or len(buf) != length * item:
-                raise CorruptStoreError(f"{path} has the wrong size", path)
-            self._buffers.append(buf)
-            arrays[name] = np.frombuffer(buf, np.dtype(dtype).newbyteorder("<"), length)
-        self.keys = KeyIndex(
-            root, self.n, arrays["key_hash"], arrays["key_row"],
-            arrays["key_offsets"], arrays["key_bytes"],
-        )
+        self.keys = KeyIndex(root, self.n, *(self._index(name, walk) for name in _KEY_ARRAYS))
         """Which row holds a key."""
-        self.source_size = arrays["source_size"]
-        self.source_mtime_ns = arrays["source_mtime_ns"]
+        # mapped at open too, though only staleness checks read them: every index file is
+        # checked (and refused, named) when the store is opened
+        self.source_size = self._index("source_size", walk)
+        """Each source's size when it was read (``-1``: unknown)."""
+        self.source_mtime_ns = self._index("source_mtime_ns", walk)
+        """Each source's modification time (ns) when it was read, or its version token."""
+
+    def _index(self, name: str, walk: StoreWalk) -> npt.NDArray[np.generic]:
+        """Index array ``name``, mapped (its size checked first)."""
+        dtype = INDEX_ARRAYS[name]
+        length = index_array_length(name, self.spec, self._key_bytes_len)
+        if length == 0:
+            return np.empty(0, dtype=np.dtype(dtype))
+        rel = f"{name}/c/0"
+        path = f"{self.root}/{rel}"
+        buf = map_file(path, self.root, self.files[rel][0],
+                       root_fd=walk, trust=self.trust)
+        if buf is None or len(buf) != length * _LITTLE[name].itemsize:
+            raise CorruptStoreError(f"{path} has the wrong size", path)
+        self._buffers.append(buf)
+        return np.frombuffer(buf, _LITTLE[name], length)
 
     # -- source identity ------------------------------------------------------
 

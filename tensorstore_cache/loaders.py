@@ -62,11 +62,13 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = [
     "BatchLoader",
@@ -91,14 +93,14 @@ _SCALE: Final = np.float32(255)
 _AS_IS: Final = frozenset({"RGB", "L", "1"})
 _SIXTEEN_BIT: Final = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 
-# Exceptions Pillow raises for bad image data (as opposed to a bad path).
+# Exceptions Pillow raises for bad image data (as opposed to a bad path), with its
+# DecompressionBombError (Pillow is imported at the first image read, not with the package).
 _DECODE_ERRORS: Final = (
     OSError,
     SyntaxError,
     EOFError,
     ValueError,
     struct.error,
-    Image.DecompressionBombError,
 )
 _PATH_ERRORS: Final = (
     FileNotFoundError,
@@ -204,6 +206,8 @@ class ImageLoader:
         OSError
             If the file cannot be decoded as an image; the message names `path`.
         """
+        from PIL import Image  # here, not at the package's import: most processes never decode
+
         height, width = self.size
         try:
             with Image.open(path) as img:
@@ -214,7 +218,7 @@ class ImageLoader:
                 resized = resized.convert("L")  # False/True -> 0/255
         except _PATH_ERRORS:
             raise
-        except _DECODE_ERRORS as exc:
+        except (*_DECODE_ERRORS, Image.DecompressionBombError) as exc:
             reason = f"{type(exc).__name__}: {exc}"
             raise OSError(f"cannot decode image {os.fspath(path)!r}: {reason}") from exc
         pixels = np.asarray(resized)
@@ -325,6 +329,8 @@ def _check_dtype(dtype: object) -> str:
 
 def _to_eight_bit(img: Image.Image) -> Image.Image:
     """Convert a loaded image to mode RGB, L or 1 (rules: the module docstring)."""
+    from PIL import Image
+
     mode = img.mode
     if mode in _AS_IS:
         return img

@@ -94,11 +94,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def verdict(value: float, op: str, threshold: float) -> str:
-    """``PASS`` if ``value op threshold`` holds (``>=``, ``>`` or ``<=``), else ``MISS``."""
+    """``PASS`` if ``value op threshold`` holds (``>=``, ``>``, ``<`` or ``<=``), else ``MISS``."""
     if op == ">=":
         return "PASS" if value >= threshold else "MISS"
     if op == ">":
         return "PASS" if value > threshold else "MISS"
+    if op == "<":
+        return "PASS" if value < threshold else "MISS"
     return "PASS" if value <= threshold else "MISS"
 
 

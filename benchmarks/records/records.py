@@ -15,7 +15,10 @@ method's own environment (the peers' virtual environments come from ``make peers
 - open time of a fresh process at several store sizes (synthetic records);
 - then every method's build again, and the decode-only floor (the same records computed by
   2 processes, nothing written), in ``--build-rounds`` interleaved rounds: a method's build
-  time is the median of its rounds (:mod:`benchmarks.records._records_build`).
+  time is the median of its rounds (:mod:`benchmarks.records._records_build`);
+- then every method's read phase again, and the opens at every size, in ``--read-rounds``
+  and ``--open-rounds`` interleaved rounds: a method's read figures and open times are the
+  medians of its rounds (:mod:`benchmarks.records._records_reads`).
 
 Every method's records are checked against the numpy limit's (digests of the records
 read by key and of the first batches, and the epoch's sums). A method that is not
@@ -29,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +44,7 @@ import numpy as np
 from benchmarks.common import _report, make_images
 from benchmarks.common._results import ResultsFile
 from benchmarks.common._stamp import run_stamp
-from benchmarks.records import _records_build, _records_report, records_data
+from benchmarks.records import _records_build, _records_reads, _records_report, records_data
 from benchmarks.records._records_procs import Runner
 from benchmarks.records.records_methods import DEFAULT, FLOOR, METHODS, VENVS, get
 
@@ -66,13 +68,14 @@ class Config:
     batch_size: int
     lookup_budget_s: float
     open_sizes: list[int]
-    open_repeats: int
+    open_rounds: int
     readers: int
     timeout_s: float
     venvs: dict[str, str]
     keep: bool
     workers: int = WORKERS
     build_rounds: int = 5
+    read_rounds: int = 5
 
 
 def log(msg: str) -> None:
@@ -101,8 +104,13 @@ def parse(argv: list[str] | None) -> Config:
                         help="seconds of records by key per method (default 1)")
     parser.add_argument("--open-sizes", default=",".join(map(str, DEFAULT_OPEN_SIZES)),
                         help="store sizes for open time vs N (default 5000,80000; '' for none)")
-    parser.add_argument("--open-repeats", type=int, default=3,
-                        help="fresh processes per open-time figure, median (default 3)")
+    parser.add_argument("--open-rounds", "--open-repeats", type=int, default=5,
+                        dest="open_rounds",
+                        help="interleaved rounds of every method's fresh-process open at every "
+                        "size, whose medians are the open times (default 5)")
+    parser.add_argument("--read-rounds", type=int, default=5,
+                        help="interleaved rounds of every method's read phase, whose medians "
+                        "are the read figures (default 5; 0: each read once)")
     parser.add_argument("--readers", type=int, default=4, help="reader processes (default 4)")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds a phase may run before it is stopped and recorded as "
@@ -125,6 +133,8 @@ def parse(argv: list[str] | None) -> Config:
         parser.error("--images, --batches, --batch-size and --readers must be >= 1")
     if args.build_rounds < 0:
         parser.error(f"--build-rounds must be >= 0, got {args.build_rounds}")
+    if args.open_rounds < 1 or args.read_rounds < 0:
+        parser.error("--open-rounds must be >= 1 and --read-rounds >= 0")
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     workdir = (args.workdir or Path(tempfile.gettempdir()) / "tensorstore-cache-records").resolve()
@@ -133,8 +143,8 @@ def parse(argv: list[str] | None) -> Config:
     venvs = {env: str(Path(getattr(args, f"{env}_venv")).resolve()) for env in VENVS}
     return Config(args.images, args.seed, workdir, data, args.results.resolve(), args.out,
                   names, args.batches, args.batch_size, args.lookup_budget, sizes,
-                  args.open_repeats, args.readers, args.timeout, venvs, args.keep,
-                  build_rounds=args.build_rounds)
+                  args.open_rounds, args.readers, args.timeout, venvs, args.keep,
+                  build_rounds=args.build_rounds, read_rounds=args.read_rounds)
 
 
 def cover_records(data: Path) -> tuple[list[str], np.ndarray, int]:
@@ -165,8 +175,9 @@ def _brief(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def bench_method(name: str, cfg: Config, runner: Runner, jobs: dict[str, Any],
-                 keys: list[str]) -> dict[str, Any]:
-    """Build, read, hold and clean up one method; its record."""
+                 keys: list[str], reads: dict[str, Any]) -> dict[str, Any]:
+    """Build, read, hold and clean up one method; its record. A method that read keeps
+    its store for the read rounds: its read job goes to ``reads``."""
     entry = METHODS[name]
     store = cfg.workdir / "stores" / name
     shutil.rmtree(store, ignore_errors=True)
@@ -213,44 +224,70 @@ def bench_method(name: str, cfg: Config, runner: Runner, jobs: dict[str, Any],
     clean = runner.run(name, "cleanup", {"out": str(store)})
     rec["phases"]["cleanup"] = clean if clean["status"] != "ok" else {"status": "ok"}
     rec["cleanup"] = {k: v for k, v in clean.items() if k.startswith(("shm", "locks"))}
-    if not cfg.keep:
+    if read["status"] == "ok" and cfg.read_rounds:
+        reads[name] = {"job": read_job, "first": read}
+    elif not cfg.keep:
         shutil.rmtree(store, ignore_errors=True)
     return rec
 
 
-def bench_open_vs_n(name: str, cfg: Config, runner: Runner) -> dict[str, Any]:
-    """Open time (open + first record) of fresh processes at each store size."""
+def build_open_stores(name: str, cfg: Config, runner: Runner,
+                      opens: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """Build the synthetic store of every open-time size for one method (kept for the open
+    rounds: each store's open job goes to ``opens``); the builds' failures and figures."""
     per: dict[str, Any] = {}
     for n in cfg.open_sizes:
         store = cfg.workdir / "open" / f"{name}-{n}"
         shutil.rmtree(store, ignore_errors=True)
         store.parent.mkdir(parents=True, exist_ok=True)
-        log(f"{name}: open time at {n:,} synthetic records")
+        log(f"{name}: open-time store of {n:,} synthetic records")
         job = {"synthetic": n, "out": str(store), "workers": cfg.workers}
         built = runner.run(name, "build", job)
         if built["status"] != "ok":
             per[str(n)] = {k: v for k, v in built.items() if k != "log_tail"}
             shutil.rmtree(store, ignore_errors=True)
             break
-        opens = []
-        for _ in range(cfg.open_repeats):
-            res = runner.run(name, "open", {**job, "built": built["built"]})
-            if res["status"] != "ok":
-                per[str(n)] = res
-                break
-            opens.append(res["open_s"])
-        else:
-            per[str(n)] = {"status": "ok", "open_s": statistics.median(opens), "open_s_all": opens,
-                           "build_s": built["build_s"], "disk_bytes": built["disk_bytes"]}
-        runner.run(name, "cleanup", {"out": str(store)})
-        shutil.rmtree(store, ignore_errors=True)
+        per[str(n)] = {"status": "ok", "build_s": built["build_s"],
+                       "disk_bytes": built["disk_bytes"]}
+        opens[(name, n)] = {**job, "built": built["built"]}
     return per
 
 
+def _open_rounds(report: dict[str, Any], cfg: Config, runner: Runner,
+                 opens: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """The open rounds of every kept open-time store, into ``report["open_vs_n"]``; then
+    the stores are removed."""
+    log(f"opens at {', '.join(f'{n:,}' for n in cfg.open_sizes)} records, {cfg.open_rounds} "
+        "interleaved rounds")
+    got = _records_reads.open_rounds(runner, opens, cfg.open_rounds, log)
+    for name, per in got.items():
+        for n, res in per.items():
+            report["open_vs_n"].setdefault(name, {}).setdefault(n, {}).update(res)
+    for (name, _n), job in opens.items():
+        runner.run(name, "cleanup", {"out": job["out"]})
+        shutil.rmtree(job["out"], ignore_errors=True)
+
+
+def _read_rounds(report: dict[str, Any], cfg: Config, runner: Runner,
+                 reads: dict[str, Any]) -> None:
+    """The read rounds of every kept store: the read figures become their medians; then
+    the stores are removed (unless ``--keep``)."""
+    log(f"reads, {cfg.read_rounds} interleaved rounds of {', '.join(reads)}")
+    report["read_rounds"] = _records_reads.read_rounds(
+        runner, {n: r["job"] for n, r in reads.items()},
+        {n: r["first"] for n, r in reads.items()}, cfg.read_rounds, log)
+    _records_reads.apply(report["methods"], report["read_rounds"])
+    for name, r in reads.items():
+        runner.run(name, "cleanup", {"out": r["job"]["out"]})
+        if not cfg.keep:
+            shutil.rmtree(r["job"]["out"], ignore_errors=True)
+
+
 def _markdown(report: dict[str, Any]) -> str:
-    """The tables, with the section of the rounds of builds."""
-    section = _records_build.markdown(report.get("build_rounds"))
-    return _records_report.markdown(report) + ("\n".join(section[1:]) + "\n" if section else "")
+    """The tables, with the sections of the rounds of builds and of reads."""
+    sections = [*_records_build.markdown(report.get("build_rounds"))[1:],
+                *_records_reads.markdown(report.get("read_rounds"))]
+    return _records_report.markdown(report) + ("\n".join(sections) + "\n" if sections else "")
 
 
 def save(report: dict[str, Any], files: ResultsFile, started: float, cfg: Config,
@@ -298,14 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(cfg.workdir / "tmp", ignore_errors=True)  # the phases' temporary files
     runner = Runner(REPO, cfg.workdir, {k: Path(v) for k, v in cfg.venvs.items()},
                     cfg.timeout_s)
+    reads: dict[str, Any] = {}
+    opens: dict[tuple[str, int], dict[str, Any]] = {}
     try:
         for name in cfg.methods:
             t0 = time.time()
-            rec = bench_method(name, cfg, runner, jobs, keys)
+            rec = bench_method(name, cfg, runner, jobs, keys, reads)
             report["methods"][name] = rec
             save(report, files, started, cfg, run)
             if rec["status"] == "ok" and cfg.open_sizes:
-                report["open_vs_n"][name] = bench_open_vs_n(name, cfg, runner)
+                report["open_vs_n"][name] = build_open_stores(name, cfg, runner, opens)
             rec["wall_s"] = round(time.time() - t0, 1)
             save(report, files, started, cfg, run)
         built = [m for m, r in report["methods"].items() if r.get("status") == "ok"]
@@ -315,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             report["build_rounds"] = _records_build.build_rounds(
                 runner, cfg.workdir, built, jobs["inputs"], cfg.workers, cfg.build_rounds, log)
             _records_build.apply(report["methods"], report["build_rounds"])
+            save(report, files, started, cfg, run)
+        if opens:
+            _open_rounds(report, cfg, runner, opens)
+            save(report, files, started, cfg, run)
+        if reads:
+            _read_rounds(report, cfg, runner, reads)
             save(report, files, started, cfg, run)
     except KeyboardInterrupt:
         log(f"interrupted: {files.json} holds the methods measured so far")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import posixpath
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +58,8 @@ DTYPES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
      "float16", "float32", "float64"]
 )
+#: Bytes of one element of every allowed dtype (looked up, not asked of NumPy each time).
+_ITEMSIZE: dict[str, int] = {name: np.dtype(name).itemsize for name in DTYPES}
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 #: Names a field may not take: the store's own arrays and a record's (Mapping) methods.
 _RESERVED = frozenset(["vectors", "get", "items", "keys", "values"])
@@ -107,6 +108,8 @@ def _fits(value: Any, dtype: np.dtype[Any]) -> bool:
 
 
 def _dtype_name(value: object) -> str:
+    if type(value) is str and value in DTYPES:  # already a name: every one is its own name
+        return value
     try:
         name = str(np.dtype(value).name)  # type: ignore[call-overload]
     except TypeError:
@@ -151,7 +154,7 @@ class Fixed:
     @property
     def nbytes(self) -> int:
         """Bytes of one value."""
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _ITEMSIZE[self.dtype]
 
     @property
     def inner(self) -> tuple[int, ...]:
@@ -383,8 +386,12 @@ class Ragged:
             longest = int(lengths.max()) if b else 0
             width = longest if max_len is None else min(longest, int(max_len))
             out = np.full((b, width, *values.shape[1:]), value, dtype=values.dtype)
-            if width == longest:  # nothing truncated: the values fill a mask in row order
-                out[np.arange(width) < lengths[:, None]] = values[: int(offsets[-1])]
+            if width == longest:  # nothing truncated: every value to its place, one scatter
+                total = int(offsets[-1])  # (cheaper than a mask of every padded place)
+                if total:
+                    to = np.repeat(np.arange(0, b * width, width) - offsets[:-1], lengths)
+                    to += np.arange(total)
+                    out.reshape(b * width, *values.shape[1:])[to] = values[:total]
                 return out
             keep = np.minimum(lengths, width)
             rows = np.repeat(np.arange(b), keep)
@@ -488,7 +495,7 @@ class FieldLayout:
     @property
     def row_nbytes(self) -> int:
         """Bytes of one row of the field's array (fixed) or of ``values`` (ragged, text)."""
-        return math.prod(self.field.inner) * np.dtype(self.dtype).itemsize
+        return math.prod(self.field.inner) * _ITEMSIZE[self.dtype]
 
     def shard_count(self) -> int:
         """Shard files (fixed) or ``values`` chunk files (ragged, text)."""
@@ -498,9 +505,19 @@ class FieldLayout:
 
     def chunk_key(self, k: int) -> str:
         """The store-relative path of shard ``k`` (fixed) or ``values`` chunk ``k``."""
-        if isinstance(self.field, Fixed):
-            return posixpath.join(self.path, "c", str(k), *(["0"] * len(self.field.shape)))
-        return posixpath.join(self.path, "values", "c", str(k), *(["0"] * len(self.field.inner)))
+        prefix, suffix = self._chunk_parts()
+        return f"{prefix}{k}{suffix}"
+
+    def chunk_keys(self) -> list[str]:
+        """The store-relative path of every shard (fixed) or ``values`` chunk, in order."""
+        prefix, suffix = self._chunk_parts()
+        return [f"{prefix}{k}{suffix}" for k in range(self.shard_count())]
+
+    def _chunk_parts(self) -> tuple[str, str]:
+        """What comes before and after the number ``k`` in :meth:`chunk_key`."""
+        array = self.path if isinstance(self.field, Fixed) else f"{self.path}/values"
+        dims = len(self.field.shape if isinstance(self.field, Fixed) else self.field.inner)
+        return f"{array}/c/".lstrip("/"), "/0" * dims
 
     def to_json(self) -> dict[str, Any]:
         """The field's entry in the group attributes of a format-2 store."""

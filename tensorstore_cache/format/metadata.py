@@ -24,7 +24,15 @@ import numpy as np
 
 from .. import config
 from ..errors import CorruptStoreError, StoreNotFoundError
-from ..fs import Trust, fsync_dir, json_record, read_json, write_json_durable
+from ..fs import (
+    StoreWalk,
+    Trust,
+    fsync_dir,
+    json_file_is,
+    json_record,
+    read_json,
+    write_json_durable,
+)
 from .fields import FIELDS, MAX_FIELDS, FieldLayout, Fixed, Ragged, schema_from_json
 from .spec import FORMAT_VERSION, RECORDS_VERSION, StoreSpec
 
@@ -194,7 +202,7 @@ def fetched_files(spec: StoreSpec) -> list[str]:
     >>> fetched_files(spec)
     ['vectors/c/0/0', 'vectors/c/1/0', 'vectors/c/2/0']
     """
-    return [layout.chunk_key(k) for layout in spec.layouts() for k in range(layout.shard_count())]
+    return [key for layout in spec.layouts() for key in layout.chunk_keys()]
 
 
 def first_file_ids(spec: StoreSpec) -> dict[str, int]:
@@ -240,7 +248,7 @@ def data_files(spec: StoreSpec, key_bytes_len: int) -> list[str]:
     """Return every data file (shards, chunks, offsets, shapes, index arrays) of ``spec``."""
     files: list[str] = []
     for layout in spec.layouts():
-        files.extend(layout.chunk_key(k) for k in range(layout.shard_count()))
+        files.extend(layout.chunk_keys())
         if not isinstance(layout.field, Fixed):
             files.append(f"{layout.path}/offsets/c/0")
             if isinstance(layout.field, Ragged) and layout.field.flat and layout.n:
@@ -267,9 +275,14 @@ def file_count(spec: StoreSpec, key_bytes_len: int) -> int:
     )
 
 
-def expected_files(spec: StoreSpec, key_bytes_len: int) -> set[str]:
-    """Return every file a store of ``spec`` consists of, except the group ``zarr.json``."""
-    files = {f"{d}/{GROUP}" for d in array_documents(spec, key_bytes_len)}
+def expected_files(
+    spec: StoreSpec, key_bytes_len: int, documents: dict[str, dict[str, Any]] | None = None
+) -> set[str]:
+    """Return every file a store of ``spec`` consists of, except the group ``zarr.json``
+    (``documents``: its :func:`array_documents`, when the caller has them)."""
+    if documents is None:
+        documents = array_documents(spec, key_bytes_len)
+    files = {f"{d}/{GROUP}" for d in documents}
     files.update(data_files(spec, key_bytes_len))
     return files
 
@@ -282,7 +295,9 @@ def _int(value: Any, what: str, lo: int, hi: int, where: str) -> int:
     return value
 
 
-def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple[int, str]], int]:
+def _spec_from_attrs(
+    attrs: Any, where: str
+) -> tuple[StoreSpec, dict[str, tuple[int, str]], int, dict[str, dict[str, Any]]]:
     if not isinstance(attrs, dict):
         raise CorruptStoreError(f"{where}: attribute {ATTR_KEY!r} must be an object", where)
     version = attrs.get("format_version")
@@ -317,7 +332,9 @@ def _spec_from_attrs(attrs: Any, where: str) -> tuple[StoreSpec, dict[str, tuple
         fields=fields,
         identity=identity,
     )
-    return spec, _files_from_attrs(attrs.get("files"), spec, key_bytes_len, where), key_bytes_len
+    documents = array_documents(spec, key_bytes_len)
+    files = _files_from_attrs(attrs.get("files"), spec, key_bytes_len, documents, where)
+    return spec, files, key_bytes_len, documents
 
 
 def _vector_from_attrs(attrs: dict[str, Any], rows: int, where: str) -> tuple[tuple[int, ...], str]:
@@ -366,7 +383,8 @@ def _provenance_from_attrs(
 
 
 def _files_from_attrs(
-    files_raw: Any, spec: StoreSpec, key_bytes_len: int, where: str
+    files_raw: Any, spec: StoreSpec, key_bytes_len: int,
+    documents: dict[str, dict[str, Any]], where: str,
 ) -> dict[str, tuple[int, str]]:
     """The size and checksum of every file of the store ``spec`` describes, checked: exactly
     the files its shape needs, each ``[size, xxh3-128 hex]``."""
@@ -379,7 +397,7 @@ def _files_from_attrs(
             f"in shards of {spec.rows_per_shard} needs {count}; the metadata is damaged",
             where,
         )
-    expected = expected_files(spec, key_bytes_len)
+    expected = expected_files(spec, key_bytes_len, documents)
     if set(files_raw) != expected:
         odd = sorted(set(files_raw) ^ expected)[:3]
         raise CorruptStoreError(
@@ -387,21 +405,43 @@ def _files_from_attrs(
             "the metadata is damaged",
             where,
         )
-    files: dict[str, tuple[int, str]] = {}
-    for rel, entry in files_raw.items():
-        if (
-            not isinstance(entry, list)
-            or len(entry) != 2
-            or type(entry[0]) is not int
-            or entry[0] < 0
-            or not isinstance(entry[1], str)
-            or not _HEX128.fullmatch(entry[1])
-        ):
-            raise CorruptStoreError(
-                f"{where}: file entry for {rel!r} must be [size, xxh3-128 hex]", where
-            )
-        files[rel] = (entry[0], entry[1])
-    return files
+    # every entry at once, by comprehensions (no call per entry); one is named if bad
+    entries = list(files_raw.values())
+    sizes = [e[0] for e in entries] if {type(e) for e in entries} == {list} and {
+        len(e) for e in entries} == {2} else None
+    digests = [e[1] for e in entries] if sizes is not None else []
+    if (
+        sizes is None
+        or {type(x) for x in sizes} != {int}
+        or min(sizes) < 0
+        or {type(d) for d in digests} != {str}
+        or {len(d) for d in digests} != {32}
+        or not _all_hex("".join(digests))
+    ):
+        bad = next(rel for rel, e in files_raw.items() if not _file_entry(e))
+        raise CorruptStoreError(f"{where}: file entry for {bad!r} must be [size, xxh3-128 hex]",
+                                where)
+    return dict(zip(files_raw, zip(sizes, digests, strict=True), strict=True))
+
+
+#: The characters of a hex digest (what :func:`_all_hex` deletes).
+_HEX = b"0123456789abcdef"
+
+
+def _all_hex(text: str) -> bool:
+    """Whether ``text`` holds lowercase hex digits only."""
+    try:
+        return not text.encode("ascii").translate(None, _HEX)
+    except UnicodeEncodeError:
+        return False
+
+
+def _file_entry(entry: Any) -> bool:
+    """Whether a ``files`` entry is ``[size, xxh3-128 hex]``."""
+    return (
+        type(entry) is list and len(entry) == 2 and type(entry[0]) is int and entry[0] >= 0
+        and isinstance(entry[1], str) and _HEX128.fullmatch(entry[1]) is not None
+    )
 
 
 def _dtype(value: Any, where: str) -> str:
@@ -441,14 +481,14 @@ def _fields_from_attrs(raw: Any, n: int, where: str) -> tuple[FieldLayout, ...]:
     return tuple(out)
 
 
-def _disagreement(meta: GroupMetadata, name: str, path: Path, where: str) -> CorruptStoreError:
+def _disagreement(meta: GroupMetadata, name: str, path: str, where: str) -> CorruptStoreError:
     """The error of an array's ``zarr.json`` that is not the one the group document needs:
     it names the array's document if the group document's record of it (size, checksum) is
     of the document it needs, else the group document, which then disagrees with itself."""
     if meta.files.get(f"{name}/{GROUP}") == json_record(meta.array_documents()[name]):
         return CorruptStoreError(
             f"{path} does not describe the array this store needs (dtype, shape, chunking and "
-            "codecs must be exactly those written by tensorstore_cache)", str(path))
+            "codecs must be exactly those written by tensorstore_cache)", path)
     return CorruptStoreError(
         f"{where} does not agree with itself: the array it describes at {name!r} is not the one "
         "whose size and checksum it records; the metadata is damaged - rebuild the store", where)
@@ -458,6 +498,44 @@ def _canonical(document: Any) -> str:
     """``document`` as one JSON text: equal for equal documents only (``1``, ``1.0`` and
     ``true`` differ, the order of keys does not matter)."""
     return json.dumps(document, sort_keys=True)
+
+
+def _parse_group(group: Any, where: str) -> tuple[GroupMetadata, dict[str, dict[str, Any]]]:
+    """:meth:`GroupMetadata.from_json`, and the store's :func:`array_documents`."""
+    if not isinstance(group, dict) or group.get("zarr_format") != 3 or group.get(
+        "node_type"
+    ) != "group":
+        raise CorruptStoreError(f"{where} is not a zarr v3 group", where)
+    attributes = group.get("attributes")
+    if not isinstance(attributes, dict) or ATTR_KEY not in attributes:
+        raise CorruptStoreError(
+            f"{where} is a zarr group but not a tensorstore_cache store "
+            f"(no {ATTR_KEY!r} attribute)",
+            where,
+        )
+    spec, files, key_bytes_len, documents = _spec_from_attrs(attributes[ATTR_KEY], where)
+    meta = GroupMetadata(spec=spec, files=files, key_bytes_len=key_bytes_len)
+    if _canonical(meta.to_json()) != _canonical(group):
+        raise CorruptStoreError(
+            f"{where} holds what this format never writes (a key it does not know, or a "
+            "value written another way); the metadata is damaged - rebuild the store",
+            where,
+        )
+    return meta, documents
+
+
+def _read_group(
+    where: str, root: Path, root_fd: int | StoreWalk, trust: Trust | None
+) -> Any:
+    """The group document of the store open at ``root_fd``; StoreNotFoundError if it has none."""
+    try:
+        return read_json(where, max_bytes=config.MAX_GROUP_JSON, root=root, root_fd=root_fd,
+                         trust=trust)
+    except CorruptStoreError:
+        pinned = root_fd.root_fd if isinstance(root_fd, StoreWalk) else root_fd
+        if not _exists(root, GROUP, pinned):  # missing: no store here (asked only then)
+            raise StoreNotFoundError(f"{where} does not exist") from None
+        raise
 
 
 def _exists(root: Path, name: str, root_fd: int | None) -> bool:
@@ -498,26 +576,7 @@ class GroupMetadata:
         CorruptStoreError
             If it differs in anything from what this format allows.
         """
-        if not isinstance(group, dict) or group.get("zarr_format") != 3 or group.get(
-            "node_type"
-        ) != "group":
-            raise CorruptStoreError(f"{where} is not a zarr v3 group", where)
-        attributes = group.get("attributes")
-        if not isinstance(attributes, dict) or ATTR_KEY not in attributes:
-            raise CorruptStoreError(
-                f"{where} is a zarr group but not a tensorstore_cache store "
-                f"(no {ATTR_KEY!r} attribute)",
-                where,
-            )
-        spec, files, key_bytes_len = _spec_from_attrs(attributes[ATTR_KEY], where)
-        meta = cls(spec=spec, files=files, key_bytes_len=key_bytes_len)
-        if _canonical(meta.to_json()) != _canonical(group):
-            raise CorruptStoreError(
-                f"{where} holds what this format never writes (a key it does not know, or a "
-                "value written another way); the metadata is damaged - rebuild the store",
-                where,
-            )
-        return meta
+        return _parse_group(group, where)[0]
 
     def to_json(self) -> dict[str, Any]:
         """Return the group document (as written to ``zarr.json``)."""
@@ -534,7 +593,7 @@ class GroupMetadata:
 
     @classmethod
     def read(
-        cls, root: Path, root_fd: int | None = None, *, trust: Trust | None = None
+        cls, root: Path, root_fd: int | StoreWalk | None = None, *, trust: Trust | None = None
     ) -> GroupMetadata:
         """Read and validate every metadata file of the store at ``root``.
 
@@ -550,31 +609,26 @@ class GroupMetadata:
         CorruptStoreError
             If any metadata differs from what this format allows.
         """
-        where = str(root / GROUP)
+        where = f"{root}/{GROUP}"  # strings: paths below root are built as text, once
         try:
             if root_fd is None:
-                group = read_json(root / GROUP, max_bytes=config.MAX_GROUP_JSON, trust=trust)
+                group = read_json(Path(where), max_bytes=config.MAX_GROUP_JSON, trust=trust)
             else:
-                try:
-                    os.stat(GROUP, dir_fd=root_fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    raise StoreNotFoundError(f"{where} does not exist") from None
-                group = read_json(root / GROUP, max_bytes=config.MAX_GROUP_JSON, root=root,
-                                  root_fd=root_fd, trust=trust)
+                group = _read_group(where, root, root_fd, trust)
         except StoreNotFoundError:
-            if _exists(root, VECTORS, root_fd):
+            if _exists(root, VECTORS, root_fd.root_fd if isinstance(root_fd, StoreWalk) else root_fd):
                 raise CorruptStoreError(
                     f"{where} is missing but {root} holds store data; the store's metadata was "
                     "deleted - rebuild the store",
                     where,
                 ) from None
             raise
-        meta = cls.from_json(group, where)
-        for name, expected in meta.array_documents().items():
-            path = root / name / GROUP
-            found = read_json(path, max_bytes=config.MAX_ARRAY_JSON, root=root, root_fd=root_fd,
-                              trust=trust)
-            if found != expected:
+        meta, documents = _parse_group(group, where)
+        seen: dict[bytes, Any] = {}  # documents decoded, by their bytes (several are alike)
+        for name, expected in documents.items():
+            path = f"{root}/{name}/{GROUP}"
+            if not json_file_is(path, expected, max_bytes=config.MAX_ARRAY_JSON, root=root,
+                                root_fd=root_fd, trust=trust, seen=seen):
                 raise _disagreement(meta, name, path, where)
         return meta
 

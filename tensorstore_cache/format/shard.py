@@ -21,11 +21,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CorruptStoreError
-from ..fs import Trust, open_sized, write_replace
+from ..fs import StoreWalk, Trust, open_sized, write_replace
 
 __all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "write_shard"]
 
 _EMPTY = np.uint64(2**64 - 1)
+#: CRC32C of any bytes followed by their own CRC32C (little-endian).
+_CRC32C_RESIDUE = 0x48674BC7
 
 
 def shard_file_size(rows: int, rows_per_shard: int, item_nbytes: int) -> int:
@@ -120,14 +122,14 @@ class MappedShard:
 
 
 def open_shard(
-    path: Path,
-    root: Path,
+    path: str | os.PathLike[str],
+    root: str | os.PathLike[str],
     *,
     rows: int,
     rows_per_shard: int,
     item_nbytes: int,
     expected_size: int,
-    root_fd: int | None = None,
+    root_fd: int | StoreWalk | None = None,
     trust: Trust | None = None,
 ) -> tuple[int, npt.NDArray[np.int64] | None]:
     """Open a shard and check its size and index, reading only the index.
@@ -157,33 +159,44 @@ def open_shard(
             raise CorruptStoreError(f"{path} is too small to hold a shard index", str(path))
         start = size - index_len
         tail = os.pread(fd, index_len, start)
-        raw, crc = tail[:-4], int.from_bytes(tail[-4:], "little")
-        if len(tail) != index_len or google_crc32c.value(raw) != crc:
+        # the CRC32C of the index followed by its checksum is a constant: no copy of the index
+        if len(tail) != index_len or google_crc32c.value(tail) != _CRC32C_RESIDUE:
             raise CorruptStoreError(
                 f"{path}: shard index checksum mismatch; the file is damaged", str(path)
             )
-        index = np.frombuffer(raw, dtype="<u8").reshape(rows_per_shard, 2)
+        index = np.frombuffer(tail, dtype="<u8", count=2 * rows_per_shard).reshape(-1, 2)
         off, nbytes = index[:rows, 0], index[:rows, 1]
-        if np.any(off == _EMPTY):
-            missing = int(np.flatnonzero(off == _EMPTY)[0])
-            raise CorruptStoreError(
-                f"{path}: row {missing} of this shard is missing (never written); the store "
-                "is incomplete - rebuild it",
-                str(path),
-            )
-        # off <= start - item_nbytes, written so that a hostile offset near 2**64 cannot wrap
-        if rows and (
-            start < item_nbytes
-            or np.any(nbytes != item_nbytes)
-            or np.any(off > start - item_nbytes)
-        ):
-            raise CorruptStoreError(f"{path}: shard index points outside the data", str(path))
+        if rows * item_nbytes <= start and np.array_equal(
+            off, np.arange(0, rows * item_nbytes, item_nbytes, dtype="<u8")[:rows]
+        ) and bool((nbytes == item_nbytes).all()):
+            return fd, None  # the rows lie in layout order, within the data: the usual case
+        _check_index(path, off, nbytes, rows, item_nbytes, start)
     except BaseException:
         os.close(fd)
         raise
-    if np.array_equal(off, np.arange(rows, dtype="<u8") * np.uint64(item_nbytes)):
-        return fd, None
     return fd, off.astype(np.int64)
+
+
+def _check_index(
+    path: str | os.PathLike[str], off: npt.NDArray[np.uint64], nbytes: npt.NDArray[np.uint64],
+    rows: int, item_nbytes: int, start: int,
+) -> None:
+    """Raise if a row of a shard index (not in layout order) is missing or lies outside the
+    data (``start`` bytes)."""
+    if np.any(off == _EMPTY):
+        missing = int(np.flatnonzero(off == _EMPTY)[0])
+        raise CorruptStoreError(
+            f"{path}: row {missing} of this shard is missing (never written); the store "
+            "is incomplete - rebuild it",
+            str(path),
+        )
+    # off <= start - item_nbytes, written so that a hostile offset near 2**64 cannot wrap
+    if rows and (
+        start < item_nbytes
+        or np.any(nbytes != item_nbytes)
+        or np.any(off > start - item_nbytes)
+    ):
+        raise CorruptStoreError(f"{path}: shard index points outside the data", str(path))
 
 
 def map_shard_fd(

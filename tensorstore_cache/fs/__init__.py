@@ -40,10 +40,11 @@ if TYPE_CHECKING:
         write_json_durable,
         write_replace,
     )
-    from .jsonfile import parse_json_fd, read_json
+    from .jsonfile import json_file_is, parse_json_fd, read_json
     from .locks import ExclusiveLock, Holder, SharedHold, is_held, read_holder, try_exclusive
     from .mounts import network_mount
     from .opens import (
+        StoreWalk,
         create_file,
         make_dir,
         map_file,
@@ -83,12 +84,12 @@ _MODULES = {
         "file_digest", "fsync_dir", "fsync_tree", "json_record", "write_bytes_durable",
         "write_json_durable", "write_replace",
     ),
-    "jsonfile": ("parse_json_fd", "read_json"),
+    "jsonfile": ("json_file_is", "parse_json_fd", "read_json"),
     "locks": ("ExclusiveLock", "Holder", "SharedHold", "is_held", "read_holder", "try_exclusive"),
     "mounts": ("network_mount",),
     "opens": (
-        "create_file", "make_dir", "map_file", "open_dir", "open_file", "open_regular",
-        "open_root", "open_sized",
+        "StoreWalk", "create_file", "make_dir", "map_file", "open_dir", "open_file",
+        "open_regular", "open_root", "open_sized",
     ),
     "ranges": ("RangeHolds", "try_lock_range", "unlock_range"),
     "renames": ("exchange_dirs",),
@@ -109,6 +110,7 @@ __all__ = [
     "Holder",
     "RangeHolds",
     "SharedHold",
+    "StoreWalk",
     "TempName",
     "Trust",
     "age_text",
@@ -127,6 +129,7 @@ __all__ = [
     "identify",
     "io_step",
     "is_held",
+    "json_file_is",
     "json_record",
     "make_dir",
     "map_file",

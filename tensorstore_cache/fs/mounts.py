@@ -111,22 +111,26 @@ def _covers(point: str, path: str) -> bool:
     return point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
 
 
-_libc: Any = None
+#: ``struct statfs`` (120 bytes on 64-bit Linux), its first field ``f_type``.
+_StatfsBuffer = ctypes.c_long * 32
+_statfs: Any = None
 if sys.platform.startswith("linux"):
     try:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:  # pragma: no cover - no libc
-        _libc = None
+        _statfs = ctypes.CDLL(None, use_errno=True).statfs
+        _statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        _statfs.restype = ctypes.c_int
+    except (OSError, AttributeError):  # pragma: no cover - no libc
+        _statfs = None
 
 
 def _libc_statfs_type(path: str) -> int | None:
     """``f_type`` of ``statfs(path)``, or ``None`` where it cannot be asked."""
-    if _libc is None:
+    if _statfs is None:
         return None
-    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
-    if _libc.statfs(os.fsencode(path), buf) != 0:
+    buf = _StatfsBuffer()  # a type made once: making one per call costs more than statfs
+    if _statfs(os.fsencode(path), buf) != 0:
         return None
-    return int(ctypes.c_long.from_buffer(buf).value) & 0xFFFFFFFF
+    return int(buf[0]) & 0xFFFFFFFF
 
 
 #: ``f_type`` of a path's filesystem (tests stand in their own answer).
@@ -147,10 +151,9 @@ def network_mount(path: str | os.PathLike[str]) -> Mount | None:
     One ``statfs`` answers for the common local filesystems; the mount table
     is read only for the others (FUSE, network, unusual types).
     """
-    real = os.path.realpath(os.fspath(path))
-    if statfs_type(real) in _LOCAL_MAGIC:
+    if statfs_type(os.fspath(path)) in _LOCAL_MAGIC:  # statfs follows symlinks itself
         return None
-    mount = mount_of(real)
+    mount = mount_of(os.path.realpath(os.fspath(path)))
     return mount if mount is not None and mount.network else None
 
 

@@ -47,12 +47,14 @@ from .temp import temp_path
 from .trust import FileKind, Trust, apply_modes, check_fd, check_parent, check_stat, passes
 
 __all__ = [
+    "StoreWalk",
     "create_file",
     "make_dir",
     "map_file",
     "open_dir",
     "open_file",
     "open_regular",
+    "open_regular_stat",
     "open_root",
     "open_sized",
 ]
@@ -310,7 +312,7 @@ def create_file(
 
 
 def _refusal(
-    path: Path, shown: Path, part: str, dir_fd: int, exc: OSError, final: bool, trust: Trust
+    path: _Name, shown: _Name, part: str, dir_fd: int, exc: OSError, final: bool, trust: Trust
 ) -> CorruptStoreError:
     """Explain why ``part`` (a component of ``path``, at ``shown``) could not be opened.
 
@@ -337,7 +339,8 @@ def _refusal(
 
 
 def open_regular(
-    path: Path, root: Path, root_fd: int | None = None, *, trust: Trust | None = None
+    path: _Name, root: _Name, root_fd: int | StoreWalk | None = None, *,
+    trust: Trust | None = None,
 ) -> int:
     """Open a store file read-only and return its descriptor.
 
@@ -362,43 +365,139 @@ def open_regular(
     UntrustedCacheError
         If a directory or the file fails ``trust``.
     """
+    return open_regular_stat(path, root, root_fd, trust=trust)[0]
+
+
+def _parts_below(path: str, root: str) -> list[str]:
+    """The components of ``path`` below ``root``; CorruptStoreError if it is not below it."""
+    if path.startswith(root) and path[len(root) : len(root) + 1] == "/" and root[-1:] != "/":
+        parts = path[len(root) + 1 :].split("/")  # the common case: root / rel
+        if "" not in parts and "." not in parts and ".." not in parts:
+            return parts
     rel = os.path.relpath(path, root)
     parts = rel.split(os.sep)
     if os.path.isabs(rel) or ".." in parts or "." in parts:
-        raise CorruptStoreError(f"{path} is not inside the store {root}; refusing it", str(path))
+        raise CorruptStoreError(f"{path} is not inside the store {root}; refusing it", path)
+    return parts
+
+
+def open_regular_stat(
+    path: _Name, root: _Name, root_fd: int | StoreWalk | None = None, *,
+    trust: Trust | None = None,
+) -> tuple[int, os.stat_result]:
+    """:func:`open_regular`, and the ``fstat`` of the file it opened (checked already).
+
+    ``root_fd`` may be a :class:`StoreWalk` of ``root``: the directories it opened
+    already are not opened again (its ``trust`` is then the one checked).
+    """
+    if isinstance(root_fd, StoreWalk):
+        return root_fd.open(path)
+    shown, top = os.fspath(path), os.fspath(root)
     if trust is None:
-        trust = Trust.explicit(root)
+        trust = Trust.explicit(top)
+    if root_fd is not None:
+        return _open_below(shown, top, root_fd, trust, None)
     try:
-        dir_fd = os.open(root, _ROOT) if root_fd is None else os.dup(root_fd)
+        fd = os.open(top, _ROOT)
     except OSError as exc:
-        raise CorruptStoreError(f"{root} cannot be opened ({exc})", str(path)) from None
+        raise CorruptStoreError(f"{top} cannot be opened ({exc})", shown) from None
     try:
-        if root_fd is None:
-            check_fd(dir_fd, root, trust)
-        for i, part in enumerate(parts[:-1]):
+        check_fd(fd, top, trust)
+        return _open_below(shown, top, fd, trust, None)
+    finally:
+        os.close(fd)
+
+
+class StoreWalk:
+    """Opens files below a store directory as :func:`open_regular` does, each directory
+    once: a directory checked on the way to one file is kept open (until :meth:`close`)
+    for the next files below it. Directories named by a number (a chunk's, one per file)
+    are not kept.
+
+    Pass it as ``root_fd`` to :func:`open_regular` and the functions that call it.
+
+    Parameters
+    ----------
+    root
+        The store directory (the paths given are below it).
+    root_fd
+        A descriptor of ``root``, checked by its opener (not closed here).
+    trust
+        Checked on every descriptor opened.
+    """
+
+    def __init__(self, root: _Name, root_fd: int, trust: Trust) -> None:
+        self.root = os.fspath(root)
+        self.root_fd = root_fd
+        self.trust = trust
+        self._dirs: dict[str, int] = {}
+
+    def open(self, path: _Name) -> tuple[int, os.stat_result]:
+        """Open the store file ``path`` (below the root); its descriptor and ``fstat``."""
+        return _open_below(os.fspath(path), self.root, self.root_fd, self.trust, self._dirs)
+
+    def close(self) -> None:
+        """Close the directories kept open."""
+        dirs, self._dirs = self._dirs, {}
+        for fd in dirs.values():
+            os.close(fd)
+
+    def __enter__(self) -> StoreWalk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open_below(
+    shown: str, top: str, root_fd: int, trust: Trust, kept: dict[str, int] | None
+) -> tuple[int, os.stat_result]:
+    """Open the store file ``shown`` below ``top`` (open at ``root_fd``), one component at a
+    time; directories go to ``kept`` (by path below ``top``) unless named by a number."""
+    parts = _parts_below(shown, top)
+    dir_fd, owned, below = root_fd, None, ""
+    try:
+        for part in parts[:-1]:
+            below = f"{below}/{part}" if below else part
+            if kept is not None and (known := kept.get(below)) is not None:
+                dir_fd = known
+                continue
             try:
                 sub = os.open(part, _DIR, dir_fd=dir_fd)
             except OSError as exc:
-                below = root.joinpath(*parts[: i + 1])
-                raise _refusal(path, below, part, dir_fd, exc, False, trust) from None
-            os.close(dir_fd)
-            dir_fd = sub
-            if not passes(os.fstat(dir_fd), trust):  # the path is built only when needed
-                check_fd(dir_fd, root.joinpath(*parts[: i + 1]), trust)
+                raise _refusal(shown, f"{top}/{below}", part, dir_fd, exc, False, trust) from None
+            if owned is not None:
+                os.close(owned)
+            dir_fd = owned = sub
+            st = os.fstat(sub)
+            if not passes(st, trust):  # the path is built only when needed
+                check_stat(st, f"{top}/{below}", trust)
+            if kept is not None and not part.isdigit():
+                kept[below], owned = sub, None
         try:
             fd = os.open(parts[-1], os.O_RDONLY | _FILE, dir_fd=dir_fd)
         except OSError as exc:
-            raise _refusal(path, path, parts[-1], dir_fd, exc, True, trust) from None
+            raise _refusal(shown, shown, parts[-1], dir_fd, exc, True, trust) from None
     finally:
-        os.close(dir_fd)
-    return _checked(fd, path, trust, regular=True)
+        if owned is not None:
+            os.close(owned)
+    try:
+        st = os.fstat(fd)
+        if not passes(st, trust):
+            check_stat(st, shown, trust)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(shown)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 def open_sized(
-    path: Path,
-    root: Path,
+    path: _Name,
+    root: _Name,
     expected_size: int,
-    root_fd: int | None = None,
+    root_fd: int | StoreWalk | None = None,
     *,
     trust: Trust | None = None,
 ) -> int:
@@ -415,28 +514,23 @@ def open_sized(
         If the file is missing, not a regular file inside ``root``, or not
         exactly ``expected_size`` bytes.
     """
-    fd = open_regular(path, root, root_fd, trust=trust)
-    try:
-        size = os.fstat(fd).st_size
-    except BaseException:
-        os.close(fd)
-        raise
-    if size != expected_size:
+    fd, st = open_regular_stat(path, root, root_fd, trust=trust)
+    if st.st_size != expected_size:
         os.close(fd)
         raise CorruptStoreError(
-            f"{path} is {size} bytes but the store recorded {expected_size}; the file "
+            f"{path} is {st.st_size} bytes but the store recorded {expected_size}; the file "
             "was truncated or overwritten - rebuild the store",
-            str(path),
+            os.fspath(path),
         )
     return fd
 
 
 def map_file(
-    path: Path,
-    root: Path,
+    path: _Name,
+    root: _Name,
     expected_size: int,
     *,
-    root_fd: int | None = None,
+    root_fd: int | StoreWalk | None = None,
     trust: Trust | None = None,
 ) -> mmap.mmap | None:
     """Map a whole store file read-only after checking its size; ``None`` for an empty file.

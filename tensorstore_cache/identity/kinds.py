@@ -26,8 +26,6 @@ import types
 from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
-
 __all__ = ["ENCODERS", "METADATA", "atomic", "find", "refusal", "slot_names", "state_kind", "sync_types"]
 
 #: Attributes ``functools.update_wrapper`` copies: where and how a function is documented,
@@ -35,7 +33,6 @@ __all__ = ["ENCODERS", "METADATA", "atomic", "find", "refusal", "slot_names", "s
 METADATA = frozenset({*functools.WRAPPER_ASSIGNMENTS, "__type_params__"})
 
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
-_NP_RANDOM = (np.random.Generator, np.random.RandomState, np.random.BitGenerator)
 # Synchronisation, communication and per-thread objects, by module (those of imported modules).
 _SYNC = {
     "_thread": ("LockType", "RLock", "_local"),
@@ -85,13 +82,18 @@ def refusal(obj: Any) -> str | None:
     """Why ``obj`` has no content to name it by, if it has none."""
     torch = sys.modules.get("torch")
     mro = type(obj).__mro__  # torch.Generator's isinstance() is slow: its metaclass's own
+    # numpy.random's generators, if it was imported (nothing is one of them otherwise: the
+    # package does not import it for this check)
+    nprandom = sys.modules.get("numpy.random")
+    drawing = () if nprandom is None else (
+        nprandom.Generator, nprandom.RandomState, nprandom.BitGenerator)
     if isinstance(obj, _GENERATORS):
         return "a generator, whose state is where it has got to"
     if isinstance(obj, io.IOBase):
         return "an open file"
     if socket.socket in mro:
         return "a socket"
-    if isinstance(obj, (random.Random, *_NP_RANDOM)) or (
+    if isinstance(obj, (random.Random, *drawing)) or (
         torch is not None and torch.Generator in mro
     ):
         return "a random generator, whose state moves with every draw"

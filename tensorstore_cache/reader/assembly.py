@@ -209,7 +209,7 @@ def assemble(
                 )
             if source.pin:  # everything the store reads later, read now: it survives a gc
                 seg.map_all()
-        shapes = {_shape(seg.spec) for seg in segments}
+        shapes = {_shape(seg.spec) for seg in segments} if len(segments) > 1 else set()
         if len(shapes) > 1:
             raise CorruptStoreError(
                 f"the segments of {where.shown!r} hold items of different shapes "

@@ -77,7 +77,7 @@ class FixedArray(MappedArray):
         rel = self.layout.chunk_key(k)
         rows = min(self.rows_per_shard, self.n - k * self.rows_per_shard)
         fd, offsets = self._open(rel, lambda dir_fd: open_shard(
-            self.root / rel,
+            f"{self.root}/{rel}",
             self.root,
             rows=rows,
             rows_per_shard=self.rows_per_shard,
@@ -141,13 +141,13 @@ class FixedArray(MappedArray):
 
     def row(self, row: int) -> npt.NDArray[np.generic]:
         """Return a copy-on-write view of one row (a copy when shards are released, see budget)."""
-        budget = self._budget
-        if budget is not None:
-            return self._copy_row(budget, row)
-        every = self.all_rows
+        every = self.all_rows  # set only without a budget, once every shard is mapped
         if every is not None:
             view: npt.NDArray[np.generic] = every[row, ...]
             return view
+        budget = self._budget
+        if budget is not None:
+            return self._copy_row(budget, row)
         vrows = self._vrows
         if vrows is not None and self._vmapped[row // self.rows_per_shard]:
             view = vrows.rows[row, ...]
@@ -162,6 +162,10 @@ class FixedArray(MappedArray):
     def gather(self, rows: npt.NDArray[np.int64], out: npt.NDArray[np.generic]) -> None:
         """Copy ``rows`` (valid local rows) into ``out`` in order."""
         if len(rows) == 0:
+            return
+        vrows = self._vrows  # None if mapping found rows out of layout order
+        if self._all_mapped and vrows is not None:  # the common case: one gather
+            np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
             return
         s = self.rows_per_shard
         shard_ids = rows // s

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from ..errors import CorruptStoreError
 from ..format import FieldLayout
-from ..fs import Trust
+from ..fs import StoreWalk, Trust
 from .budget import MappedBudget
 from .supply import ShardSupply
 
@@ -104,13 +104,18 @@ class MappedArray(abc.ABC):
             source.supply, share=source.share, first=first, lock=self._lock,
             is_mapped=self._is_mapped, map_file=self._map_slot, unmap_file=self._unmap_slot,
         )
+        #: While :meth:`_map_files` maps: its walk of the store directory (each directory
+        #: on the way to the files opened once for all of them)
+        self._walk: StoreWalk | None = None
 
-    def _open(self, rel: str, opener: Callable[[int], T]) -> T:
-        """``opener(dir_fd)``: open file ``rel`` of the store directory; the error of a file
-        that is not there says so if the directory was replaced since the store was opened."""
-        dir_fd = self.source.dir_fd()
+    def _open(self, rel: str, opener: Callable[[int | StoreWalk], T]) -> T:
+        """``opener(dir_fd)``: open file ``rel`` of the store directory (``dir_fd``: its
+        descriptor, or the walk of :meth:`_map_files` mapping it); the error of a file that is
+        not there says so if the directory was replaced since the store was opened."""
+        walk = self._walk
+        dir_fd = self.source.dir_fd() if walk is None else walk.root_fd
         try:
-            return opener(dir_fd)
+            return opener(dir_fd if walk is None else walk)
         except CorruptStoreError as exc:
             if os.fstat(dir_fd).st_nlink == 0:  # our directory was removed
                 raise CorruptStoreError(
@@ -128,10 +133,14 @@ class MappedArray(abc.ABC):
             return
         if self._supply is not None:
             self._supply.ensure([self._first + k for k in todo])
-        with self._lock:
-            for k in todo:
-                if not self._is_mapped(k):
-                    self._map_slot(k)
+        with self._lock, StoreWalk(self.root, self.source.dir_fd(), self.trust) as walk:
+            self._walk = walk
+            try:
+                for k in todo:
+                    if not self._is_mapped(k):
+                        self._map_slot(k)
+            finally:
+                self._walk = None
             if all(self._is_mapped(k) for k in range(self._count)):
                 self._every_file_mapped()
 

@@ -38,8 +38,9 @@ import numpy.typing as npt
 
 from ..errors import CorruptStoreError
 from ..format import FieldLayout, Ragged
-from ..fs import map_file, open_sized
+from ..fs import StoreWalk, map_file, open_sized
 from .mapped import MappedArray, SegmentFiles
+from .sets import int_items
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["RaggedArray"]
@@ -48,10 +49,13 @@ __all__ = ["RaggedArray"]
 class RaggedArray(MappedArray):
     """The arrays of one ragged or text field of a store directory.
 
-    Made like every :class:`~.mapped.MappedArray`: its file ``k`` is chunk ``k``.
+    Made like every :class:`~.mapped.MappedArray`: its file ``k`` is chunk ``k``; ``walk``
+    opens the offsets and shapes, mapped here (see
+    :class:`~tensorstore_cache.fs.opens.StoreWalk`; None: from the segment's directory).
     """
 
-    def __init__(self, layout: FieldLayout, source: SegmentFiles, first: int = 0) -> None:
+    def __init__(self, layout: FieldLayout, source: SegmentFiles, first: int = 0,
+                 walk: StoreWalk | None = None) -> None:
         super().__init__(layout, source, first)
         self.total = layout.total
         self.field = layout.field
@@ -59,11 +63,13 @@ class RaggedArray(MappedArray):
         self.inner = layout.field.inner
         self._text = layout.kind == "text"
         self._buffers: list[mmap.mmap] = []
-        self.offsets: npt.NDArray[np.uint64] = self._index("offsets", self.n + 1, "<u8", (self.n + 1,))
+        self.offsets: npt.NDArray[np.uint64] = self._index(
+            "offsets", self.n + 1, "<u8", (self.n + 1,), walk)
         k = len(layout.field.varying) if isinstance(layout.field, Ragged) else 1
         self.shapes: npt.NDArray[np.int32] | None = (
-            self._index("shapes", self.n, "<i4", (self.n, k)) if self.flat else None
+            self._index("shapes", self.n, "<i4", (self.n, k), walk) if self.flat else None
         )
+        self._starts = int_items(self.offsets, "Q")  # a row's offsets as ints: no NumPy call
         if self.n and int(self.offsets[-1]) != self.total:
             raise self._bad("offsets", f"its last offset is {int(self.offsets[-1])}, not the "
                             f"{self.total} values the store records")
@@ -91,15 +97,18 @@ class RaggedArray(MappedArray):
             "then rebuild it)", str(path),
         )
 
-    def _index(self, array: str, length: int, dtype: str, shape: tuple[int, ...]) -> Any:
+    def _index(
+        self, array: str, length: int, dtype: str, shape: tuple[int, ...], walk: StoreWalk | None
+    ) -> Any:
         if length == 0:
             return np.zeros(shape, dtype)
         rel = f"{self.layout.path}/{array}/c/0" + ("/0" if len(shape) == 2 else "")
+        path = f"{self.root}/{rel}"
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        buf = map_file(self.root / rel, self.root, self.files[rel][0],
-                       root_fd=self.source.dir_fd(), trust=self.trust)
+        buf = map_file(path, self.root, self.files[rel][0],
+                       root_fd=self.source.dir_fd() if walk is None else walk, trust=self.trust)
         if buf is None or len(buf) != nbytes:
-            raise CorruptStoreError(f"{self.root / rel} has the wrong size", str(self.root / rel))
+            raise CorruptStoreError(f"{path} has the wrong size", path)
         self._buffers.append(buf)
         return np.frombuffer(buf, dtype, math.prod(shape)).reshape(shape)
 
@@ -109,13 +118,14 @@ class RaggedArray(MappedArray):
         """Map chunk ``k`` (checked first) and return its rows of values (under the lock)."""
         layout = self.layout
         rel = layout.chunk_key(k)
+        path = f"{self.root}/{rel}"
         rows = min(layout.chunk, self.total - k * layout.chunk)
         size = self.files[rel][0]
         if size != layout.chunk * layout.row_nbytes:
             raise CorruptStoreError(
-                f"{self.root / rel} has {size} bytes, not the {layout.chunk * layout.row_nbytes} "
-                "of a chunk", str(self.root / rel))
-        fd = self._open(rel, lambda dir_fd: open_sized(self.root / rel, self.root, size, dir_fd,
+                f"{path} has {size} bytes, not the {layout.chunk * layout.row_nbytes} "
+                "of a chunk", path)
+        fd = self._open(rel, lambda dir_fd: open_sized(path, self.root, size, dir_fd,
                                                        trust=self.trust))
         try:
             vrows = self._vrows
@@ -178,12 +188,14 @@ class RaggedArray(MappedArray):
 
     def spans(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """``(start, stop)`` in ``values`` of every row of ``rows`` (valid local rows), checked."""
-        start = self.offsets[rows].astype(np.int64, copy=False)
-        stop = self.offsets[rows + 1].astype(np.int64, copy=False)
-        if len(rows) and (
-            int(start.min()) < 0 or bool(np.any(stop < start)) or int(stop.max()) > self.total
-        ):
+        first, last = self.offsets[rows], self.offsets[1:][rows]
+        # unsigned: with both ends within the values, an offset that decreases makes a
+        # length past any total
+        if len(rows) and (int(last.max()) > self.total or int(first.max()) > self.total
+                          or int((last - first).max()) > self.total):
             raise self._bad("offsets", "an offset decreases or passes the values")
+        start: npt.NDArray[np.int64] = first.view("<i8")  # within the values: no sign to lose
+        stop: npt.NDArray[np.int64] = last.view("<i8")
         if self.shapes is not None:
             sizes = self.shapes[rows].astype(np.int64)
             if bool(np.any(sizes < 0)) or bool(
@@ -294,14 +306,17 @@ class RaggedArray(MappedArray):
     def row(self, row: int) -> Any:
         """Row ``row``: a copy-on-write view of its values (``str`` for text; a copy under a
         budget)."""
-        start, stop = int(self.offsets[row]), int(self.offsets[row + 1])  # scalars: no arrays
+        starts = self._starts
+        start, stop = starts[row], starts[row + 1]
         if not 0 <= start <= stop <= self.total:
             raise self._bad("offsets", "an offset decreases or passes the values")
         if self.shapes is not None:
             sizes = self.shapes[row].tolist()
             if min(sizes) < 0 or self._fixed_elems() * math.prod(sizes) != stop - start:
                 raise self._bad("shapes", "a row's shape does not hold its values")
-        view = self.values(start, stop)
+        every = self._values  # values(), inlined for the common case
+        view = every[start:stop] if every is not None and self._budget is None else self.values(
+            start, stop)
         if self._text:
             return view.tobytes().decode("utf-8", "surrogateescape")
         if self.shapes is None and not self.inner:  # a 1-d row: the slice is its shape

@@ -34,14 +34,20 @@ from ..format import (
     first_file_ids,
     index_array_length,
 )
-from ..fs import Trust, map_file, open_dir, open_root
+from ..fs import StoreWalk, Trust, map_file, open_dir, open_root
 from .fixed import FixedArray
 from .keyindex import KeyIndex
 from .mapped import SegmentFiles, prefetched
 from .ragged import RaggedArray
+from .record import Record
 from .supply import ShardSupply
 
 __all__ = ["Segment"]
+
+#: The index arrays of the key index.
+_KEY_ARRAYS = ("key_hash", "key_row", "key_offsets", "key_bytes")
+#: Each index array's dtype, little-endian as the files are.
+_LITTLE = {name: np.dtype(dtype).newbyteorder("<") for name, dtype in INDEX_ARRAYS.items()}
 
 
 class Segment:
@@ -101,21 +107,27 @@ class Segment:
         except (FileNotFoundError, NotADirectoryError):
             raise StoreNotFoundError(f"no store at {str(root)!r}") from None
         self._close_dir = weakref.finalize(self, os.close, self._dir_fd)
-        try:
-            meta = GroupMetadata.read(root, self._dir_fd, trust=self.trust)
-            self._open(root, meta)
-            self._content_hashes = hashes(self.n) if hashes is not None else None
-            if supply is not None:
-                self._supply = supply(meta)
-            self.arrays: dict[str, FixedArray | RaggedArray] = {}
-            """The array of every field (``"vectors"`` for one tensor per key)."""
-            layouts = self.spec.layouts()
-            firsts = first_file_ids(self.spec)
-            source = SegmentFiles(root, lambda: self.dir_fd, self.files, self.trust,
-                                  self._supply, share=len(layouts))
-            for layout in layouts:
-                kind = FixedArray if isinstance(layout.field, Fixed) else RaggedArray
-                self.arrays[layout.name] = kind(layout, source, firsts[layout.name])
+        try:  # every directory opened once on the way (see StoreWalk)
+            with StoreWalk(root, self._dir_fd, self.trust) as walk:
+                meta = GroupMetadata.read(root, walk, trust=self.trust)
+                self._open(root, meta, walk)
+                self._content_hashes = hashes(self.n) if hashes is not None else None
+                if supply is not None:
+                    self._supply = supply(meta)
+                self.arrays: dict[str, FixedArray | RaggedArray] = {}
+                """The array of every field (``"vectors"`` for one tensor per key)."""
+                layouts = self.spec.layouts()
+                firsts = first_file_ids(self.spec)
+                source = SegmentFiles(root, lambda: self.dir_fd, self.files, self.trust,
+                                      self._supply, share=len(layouts))
+                for layout in layouts:
+                    if isinstance(layout.field, Fixed):
+                        self.arrays[layout.name] = FixedArray(layout, source, firsts[layout.name])
+                    else:
+                        self.arrays[layout.name] = RaggedArray(
+                            layout, source, firsts[layout.name], walk)
+                #: ``(name, its array's row method)`` of every field, bound once (record())
+                self._rows = tuple((name, array.row) for name, array in self.arrays.items())
         except BaseException:
             self._close_dir()
             if self._supply is not None:
@@ -129,31 +141,33 @@ class Segment:
             raise ValueError(f"store {str(self.root)!r} is closed")
         return self._dir_fd
 
-    def _open(self, root: Path, meta: GroupMetadata) -> None:
-        self.spec, self.files, key_bytes_len = meta.spec, meta.files, meta.key_bytes_len
+    def _open(self, root: Path, meta: GroupMetadata, walk: StoreWalk) -> None:
+        self.spec, self.files, self._key_bytes_len = meta.spec, meta.files, meta.key_bytes_len
         self.n = self.spec.n
         self._buffers: list[mmap.mmap] = []
-        arrays: dict[str, npt.NDArray[np.generic]] = {}
-        for name, dtype in INDEX_ARRAYS.items():
-            length = index_array_length(name, self.spec, key_bytes_len)
-            rel = f"{name}/c/0"
-            if length == 0:
-                arrays[name] = np.empty(0, dtype=np.dtype(dtype))
-                continue
-            item = np.dtype(dtype).itemsize
-            buf = map_file(root / rel, root, self.files[rel][0],
-                           root_fd=self._dir_fd, trust=self.trust)
-            if buf is None or len(buf) != length * item:
-                raise CorruptStoreError(f"{root / rel} has the wrong size", str(root / rel))
-            self._buffers.append(buf)
-            arrays[name] = np.frombuffer(buf, np.dtype(dtype).newbyteorder("<"), length)
-        self.keys = KeyIndex(
-            root, self.n, arrays["key_hash"], arrays["key_row"],
-            arrays["key_offsets"], arrays["key_bytes"],
-        )
+        self.keys = KeyIndex(root, self.n, *(self._index(name, walk) for name in _KEY_ARRAYS))
         """Which row holds a key."""
-        self.source_size = arrays["source_size"]
-        self.source_mtime_ns = arrays["source_mtime_ns"]
+        # mapped at open too, though only staleness checks read them: every index file is
+        # checked (and refused, named) when the store is opened
+        self.source_size = self._index("source_size", walk)
+        """Each source's size when it was read (``-1``: unknown)."""
+        self.source_mtime_ns = self._index("source_mtime_ns", walk)
+        """Each source's modification time (ns) when it was read, or its version token."""
+
+    def _index(self, name: str, walk: StoreWalk) -> npt.NDArray[np.generic]:
+        """Index array ``name``, mapped (its size checked first)."""
+        dtype = INDEX_ARRAYS[name]
+        length = index_array_length(name, self.spec, self._key_bytes_len)
+        if length == 0:
+            return np.empty(0, dtype=np.dtype(dtype))
+        rel = f"{name}/c/0"
+        path = f"{self.root}/{rel}"
+        buf = map_file(path, self.root, self.files[rel][0],
+                       root_fd=walk, trust=self.trust)
+        if buf is None or len(buf) != length * _LITTLE[name].itemsize:
+            raise CorruptStoreError(f"{path} has the wrong size", path)
+        self._buffers.append(buf)
+        return np.frombuffer(buf, _LITTLE[name], length)
 
     # -- source identity ------------------------------------------------------
 
@@ -175,6 +189,10 @@ class Segment:
         array = self.arrays[name]
         assert isinstance(array, RaggedArray)
         return array
+
+    def record(self, row: int) -> Record:
+        """The record of ``row`` (a store of records): every field's value, in schema order."""
+        return Record.of({name: value(row) for name, value in self._rows})
 
     @property
     def vectors(self) -> FixedArray:

@@ -133,10 +133,13 @@ class CacheStore:
         self._paths: list[str] | None = None
         self._resources = list(resources)  # closed with the store (e.g. readers' locks)
         self._parent = parent
-        # the one fast path: store[path] of a fixed field on a store of one segment
-        single = segments[0] if len(segments) == 1 and self._view.kind == "fixed" else None
-        self._single = None if single is None or field is None else single.fixed(field)
-        self._single_find = single.keys.find if single is not None else None
+        # the fast paths of store[path] on a store of one segment: a fixed field, or records
+        one = segments[0] if len(segments) == 1 else None
+        kind = self._view.kind
+        self._single = one.fixed(field) if one is not None and kind == "fixed" and field else None
+        self._single_record = one.record if one is not None and kind == "record" else None
+        fast = self._single is not None or self._single_record is not None
+        self._single_find = one.keys.find if one is not None and fast else None
 
     def field(self, name: str) -> CacheStore:
         """Field ``name`` of a store of records, as a store of its own.
@@ -264,7 +267,9 @@ class CacheStore:
             row = find(encoded, hash_key(encoded))
             if row >= 0:
                 single = self._single
-                assert single is not None
+                if single is None:  # a record
+                    assert self._single_record is not None
+                    return self._single_record(row)
                 every = single.all_rows  # FixedArray.row, inlined for the common case
                 return every[row, ...] if every is not None else single.row(row)
         key = normalize_key(path)

@@ -17,7 +17,6 @@ import numpy.typing as npt
 
 from ..format import FieldLayout, Fixed, Ragged
 from .overlay import Overlay
-from .record import Record
 from .segment import Segment
 from .sources import SourceIdentity
 
@@ -125,10 +124,10 @@ class StoreView:
         local
             A row of that segment.
         """
-        arrays = self.overlay.segments[k].arrays
+        segment = self.overlay.segments[k]
         if self.field is None:
-            return Record({name: arrays[name].row(local) for name in self.layouts})
-        return arrays[self.field].row(local)
+            return segment.record(local)
+        return segment.arrays[self.field].row(local)
 
     def source_identity(
         self, rows: npt.NDArray[np.int64], *, content_hash: bool = False

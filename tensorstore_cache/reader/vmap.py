@@ -14,10 +14,10 @@ The range is unmapped only when no numpy view of it remains.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import sys
-import weakref
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,6 @@ __all__ = ["VirtualRows", "virtual_rows_supported"]
 
 _PAGE = mmap.PAGESIZE
 _MAP_FIXED = 0x10  # identical on Linux and the BSDs
-_FAILED = ctypes.c_void_p(-1).value
 
 _libc: Any = None
 if sys.platform.startswith("linux"):
@@ -38,8 +37,6 @@ if sys.platform.startswith("linux"):
             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
             ctypes.c_long,
         ]
-        _libc.munmap.restype = ctypes.c_int
-        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
         _libc = None
 
@@ -49,8 +46,17 @@ def virtual_rows_supported(rows_per_shard: int, item_nbytes: int) -> bool:
     return _libc is not None and (rows_per_shard * item_nbytes) % _PAGE == 0 and item_nbytes > 0
 
 
-def _munmap(address: int, length: int) -> None:
-    _libc.munmap(address, length)
+class _Range:
+    """The reserved range as numpy sees it: writable rows (the shards are mapped
+    copy-on-write), whose base holds the mmap object that unmaps the range (and every
+    shard mapped into it) when the last array over it goes."""
+
+    __slots__ = ("__array_interface__", "_mapping")
+
+    def __init__(self, mapping: mmap.mmap, address: int, shape: tuple[int, ...], typestr: str):
+        self._mapping = mapping
+        self.__array_interface__ = {"version": 3, "data": (address, False), "shape": shape,
+                                    "typestr": typestr}
 
 
 class VirtualRows:
@@ -68,19 +74,14 @@ class VirtualRows:
     def __init__(
         self, n: int, item_shape: tuple[int, ...], dtype: np.dtype[Any], rows_per_shard: int
     ) -> None:
-        self.item_nbytes = int(np.prod(item_shape)) * dtype.itemsize
+        self.item_nbytes = math.prod(item_shape) * dtype.itemsize
         self.rows_per_shard = rows_per_shard
         self.length = max(_PAGE, -(-n * self.item_nbytes // _PAGE) * _PAGE)
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
-        address = _libc.mmap(None, self.length, 0, flags, -1, 0)  # PROT_NONE
-        if address in (None, _FAILED):
-            err = ctypes.get_errno()
-            raise OSError(err, f"cannot reserve {self.length} bytes of address space: {os.strerror(err)}")
-        self.address: int = address
-        buffer = (ctypes.c_char * self.length).from_address(address)
-        weakref.finalize(buffer, _munmap, address, self.length)
-        flat = np.frombuffer(memoryview(buffer), dtype=dtype, count=n * self.item_nbytes // dtype.itemsize)
-        self.rows: npt.NDArray[Any] = flat.reshape((n, *item_shape))
+        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
+        reserved = mmap.mmap(-1, self.length, flags=flags, prot=0)  # PROT_NONE, anonymous
+        self.address: int = np.frombuffer(reserved, np.uint8, 1).__array_interface__["data"][0]
+        self.rows: npt.NDArray[Any] = np.asarray(
+            _Range(reserved, self.address, (n, *item_shape), dtype.str))
         self.mapped = np.zeros(-(-n // rows_per_shard) if n else 0, dtype=bool)
 
     def map_shard(self, k: int, fd: int, rows: int) -> None:

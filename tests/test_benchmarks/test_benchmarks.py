@@ -216,7 +216,8 @@ def records_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.records", "--images", "300",
          "--methods", "numpy_limit,tensorstore_cache,litdata", "--open-sizes", "100,400",
-         "--open-repeats", "1", "--lookup-budget", "0.05", "--build-rounds", "2",
+         "--open-rounds", "2", "--read-rounds", "2", "--lookup-budget", "0.05",
+         "--build-rounds", "2",
          "--workdir", str(work),
          "--results", str(results), "--peers-venv", str(root / "no-such-venv")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
@@ -247,10 +248,21 @@ def test_records_numpy_limit_measures_every_figure(
     assert rec["same_as_numpy_limit"] is True
     opens = report["open_vs_n"]["numpy_limit"]
     assert sorted(opens, key=int) == ["100", "400"]
-    assert all(v["status"] == "ok" and v["open_s"] > 0 for v in opens.values())
+    assert all(v["status"] == "ok" and v["open_s"] > 0 and len(v["open_s_all"]) == 2
+               and v["open_s"] == float(np.median(v["open_s_all"])) for v in opens.values())
+    # the read figures are the medians of the read rounds (the first read kept beside)
+    rounds = report["read_rounds"]["methods"]["numpy_limit"]
+    assert report["read_rounds"]["rounds"] == 2 and not rounds["failures"], rounds
+    assert len(rounds["batch_records_per_s"]) == 2 and rec["batch_records_per_s_once"] > 0
+    assert rec["batch_records_per_s"] == float(np.median(rounds["batch_records_per_s"]))
+    assert report["read_rounds"]["orders"] == [["numpy_limit", "tensorstore_cache"],
+                                               ["tensorstore_cache", "numpy_limit"]]
     assert "| numpy_limit |" in table and "## Targets" in table
-    # one padded-batch target per peer (4), lance among them; the build's 2
-    assert len(report["targets"]) == 10
+    assert "## Reads in 2 interleaved rounds" in table
+    # against the limit (batches, by key, the open at each size), lance (batches, by key),
+    # the 3 other peers (batches), the fastest peer's open at each size, O(1), memory; the
+    # build's 2
+    assert len(report["targets"]) == 2 + 2 + 3 + 4 + 1 + 1 + 2
 
 
 @pytest.mark.timeout(660)
@@ -343,11 +355,23 @@ def test_records_targets_compare_within_the_run() -> None:
     check_records(methods)
     opens = {"tensorstore_cache": {"5000": {"status": "ok", "open_s": 0.010},
                                    "80000": {"status": "ok", "open_s": 0.025}}}
+    opens["numpy_limit"] = {"5000": {"status": "ok", "open_s": 0.004},
+                            "80000": {"status": "ok", "open_s": 0.020}}
+    opens["hf_datasets"] = {"5000": {"status": "ok", "open_s": 0.012},
+                            "80000": {"status": "ok", "open_s": 0.020}}
+    methods["lance"] = method(30.0)
     t = targets(methods, opens, [5000, 80000])
     assert t["batch_vs_numpy_limit"]["status"] == "PASS"
     assert t["batch_vs_numpy_limit"]["value"] == pytest.approx(0.9)
     assert t["batch_vs_hf_datasets"]["status"] == "PASS"  # 9x >= 5x
-    assert t["record_by_key_vs_hf_datasets"]["status"] == "MISS"  # 9x < 20x
+    assert t["record_by_key_vs_numpy_limit"]["status"] == "PASS"  # 0.9x >= 0.3x
+    assert t["batch_vs_lance"]["status"] == "PASS"  # ahead: 3x
+    assert t["batch_vs_lance"]["value"] == pytest.approx(3.0)
+    assert t["open_5000_vs_numpy_limit"]["status"] == "MISS"  # 2.5x > 2x
+    assert t["open_80000_vs_numpy_limit"]["status"] == "PASS"  # 1.25x
+    assert t["open_5000_vs_peers"]["status"] == "PASS"  # below hf_datasets'
+    assert "hf_datasets" in t["open_5000_vs_peers"]["description"]
+    assert t["open_80000_vs_peers"]["status"] == "MISS"  # 0.025 s, not below 0.020 s
     assert t["batch_vs_litdata"]["status"] == "FAILED"  # its records differ
     assert "litdata returned other records" in t["batch_vs_litdata"]["reason"]
     assert t["batch_vs_mosaicml_streaming"]["status"] == "FAILED"

@@ -16,7 +16,7 @@ import xxhash
 
 from tensorstore_cache import config
 from tensorstore_cache.errors import CorruptStoreError
-from tensorstore_cache.fs import durable, jsonfile, locks, opens, ranges, sizes, temp
+from tensorstore_cache.fs import Trust, durable, jsonfile, locks, opens, ranges, sizes, temp
 
 
 def test_write_replace_is_atomic_and_reports_the_checksum(tmp_path: Path) -> None:
@@ -134,6 +134,93 @@ def test_open_regular_refuses_a_symlink_inside_the_store(tmp_path: Path) -> None
         opens.open_regular(root / "f", root)
     with pytest.raises(CorruptStoreError, match="not inside the store"):
         opens.open_regular(tmp_path / "outside", root)
+
+
+def test_depth_ignores_brackets_in_strings_and_walks_escaped_documents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "MAX_DEPTH", 3)
+    path = tmp_path / "m.json"
+    for text, ok in [
+        ('{"a": "[[[[{{{{", "b": [[1]]}', True),  # brackets in a string are no nesting
+        ('{"a": [[[1]]]}', False),
+        ('{"a\\"": "[[[[", "b": [[1]]}', True),  # an escaped quote: walked value by value
+        ('{"a\\"": "x", "b": [[[1]]]}', False),
+        ('{"k": [{}, [], {"x": 1}]}', True),
+        ('{"k": [{}, [], {"x": []}]}', False),
+    ]:
+        path.write_text(text)
+        if ok:
+            assert jsonfile.read_json(path, max_bytes=1 << 10) == json.loads(text)
+        else:
+            with pytest.raises(CorruptStoreError, match="deeper than 3 levels"):
+                jsonfile.read_json(path, max_bytes=1 << 10)
+
+
+def test_json_file_is_compares_parsed_json_and_refuses_what_read_json_refuses(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    (root / "a").mkdir(parents=True)
+    path = root / "a" / "zarr.json"
+    expected = {"shape": [3], "fill_value": 0.0, "codecs": [{"name": "bytes"}]}
+    path.write_text(json.dumps(expected, indent=2) + "\n")
+    assert jsonfile.json_file_is(path, expected, max_bytes=1 << 10, root=root)
+    path.write_text(json.dumps(expected))  # other whitespace, the same document
+    assert jsonfile.json_file_is(path, expected, max_bytes=1 << 10, root=root)
+    assert not jsonfile.json_file_is(path, {**expected, "shape": [4]}, max_bytes=1 << 10, root=root)
+    for bad, match in [('{"shape": [3], "fill_value": NaN}', "constant"),
+                       ('{"shape": [3', "not valid metadata JSON"),
+                       ('{"shape": [3], "shape": [3]}', "duplicate key")]:
+        path.write_text(bad)
+        with pytest.raises(CorruptStoreError, match=match):
+            jsonfile.json_file_is(path, expected, max_bytes=1 << 10, root=root)
+    path.write_bytes(json.dumps(expected).encode("utf-16"))
+    with pytest.raises(CorruptStoreError, match="not UTF-8"):
+        jsonfile.json_file_is(path, expected, max_bytes=1 << 10, root=root)
+
+
+def test_a_store_walk_opens_each_directory_once_and_refuses_what_open_regular_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "store"
+    for rel in ("f/x/c/0/0", "f/x/c/1/0", "f/x/zarr.json", "k/c/0"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(rel.encode())
+    (root / "f" / "link").symlink_to(root / "k")
+    opened: list[str] = []
+    real = os.open
+
+    def counting(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fspath(path))
+        return real(path, flags, *args, **kwargs)
+
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    monkeypatch.setattr(os, "open", counting)
+    try:
+        with opens.StoreWalk(root, root_fd, Trust.explicit(root)) as walk:
+            for rel in ("f/x/c/0/0", "f/x/c/1/0", "f/x/zarr.json", "k/c/0"):
+                fd, st = opens.open_regular_stat(f"{root}/{rel}", root, walk)
+                assert os.read(fd, 100) == rel.encode() and st.st_size == len(rel)
+                os.close(fd)
+            with pytest.raises(CorruptStoreError, match="through a symlink"):
+                opens.open_regular(f"{root}/f/link/c/0", root, walk)
+            kept = dict(walk._dirs)
+        # f, f/x, f/x/c and k, k/c once each; a numbered directory each time it is crossed
+        # ("0": the directory f/x/c/0 and three files)
+        assert sorted(kept) == ["f", "f/x", "f/x/c", "k", "k/c"]
+        assert opened.count("f") == 1 and opened.count("c") == 2 and opened.count("0") == 4
+        assert not walk._dirs and all(_closed(fd) for fd in kept.values())
+    finally:
+        os.close(root_fd)
+
+
+def _closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        return exc.errno == errno.EBADF
+    return False
 
 
 # -- the interface ------------------------------------------------------------------------

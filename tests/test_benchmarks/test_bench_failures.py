@@ -47,6 +47,11 @@ TIMEOUT_S = float(SleepsInRoundOfOne.agent_timeout_s or 0)  # the sleeping metho
 RUN_TIMEOUT_S = 600.0  # every other method's: a guard against hangs, not a timing assertion
 HANG_GUARD_S = 240.0  # a guard against hangs on a loaded machine, not a timing assertion
 GB = 1e9
+# ``python -m benchmarks.run`` as a terminal runs it, where Ctrl-C raises KeyboardInterrupt, even
+# if whoever started the tests ignores SIGINT (nohup, a script's background job: CI): a program
+# inherits an ignored SIGINT and Python keeps it ignored, so the interrupt would never arrive
+AS_IN_A_TERMINAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "runpy.run_module('benchmarks.run', run_name='__main__', alter_sys=True)")
 
 
 def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -157,7 +162,7 @@ def test_an_interrupted_run_keeps_its_figures_and_resume_goes_on(tmp_path: Path)
               "--agents", "1", "--agent-timeout", "600"]
     file = results / "run.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.run", "--quick", *common,
+        [sys.executable, "-c", AS_IN_A_TERMINAL, "--quick", *common,
          "--methods", f"no_cache,{SLEEPS}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children: list[psutil.Process] = []

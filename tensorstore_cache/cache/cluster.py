@@ -186,7 +186,13 @@ def _hold(
 ) -> tuple[RemoteManifest, set[str]]:
     """Holding the lease: build ``left``, upload, commit; return what is committed and skipped."""
     stage("leased")
-    part, skipped = build(left, node.rns.part_url)
+    try:
+        part, skipped = build(left, node.rns.part_url)
+    except BaseException as exc:
+        exc.add_note(f"nothing was committed to {node.rns.where()!r}: the lease is released "
+                     "and the next call (of any node) builds these keys again; fix the cause "
+                     "above, then call again")
+        raise
     stage("built")
     try:
         return _commit(node, base, part, skipped, todo)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from typing import Any
 from ..errors import StoreExistsError
 from ..format import FIELDS, GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
 from ..fs import Trust, fsync_dir, make_dir, temp_path
-from .urls import filesystem, node_dir, open_url_dir, version_name
+from .urls import filesystem, node_dir, open_url_dir, redact, version_name
 
 __all__ = [
     "check_target",
@@ -96,9 +97,19 @@ def withdraw_store(url: str, *, storage_options: Mapping[str, Any] | None) -> No
 def upload_file(
     path: Path, url: str, rel: str, *, storage_options: Mapping[str, Any] | None
 ) -> None:
-    """Upload the local file ``path`` as ``rel`` of the store at ``url`` (one atomic object)."""
+    """Upload the local file ``path`` as ``rel`` of the store at ``url`` (one atomic object).
+
+    An error is noted with the object, the store and the machine it was sent from (a
+    build's task may run on another machine than its builder)."""
     fs, root = filesystem(url, storage_options)
-    _put(fs, [(path, f"{root}/{rel}")])
+    try:
+        _put(fs, [(path, f"{root}/{rel}")])
+    except Exception as exc:
+        exc.add_note(f"while uploading {rel!r} of {redact(url)!r} from {socket.gethostname()} "
+                     f"(process {os.getpid()}): every process running a build's tasks needs "
+                     "write access there, by the storage_options= of the build or by its "
+                     "machine's own credentials")
+        raise
 
 
 def download_files(

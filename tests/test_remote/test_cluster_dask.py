@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
-from benchmarks.common.s3server import S3Process
+from benchmarks.common.s3server import Fault, S3Process
 from tests.support._cluster import Agent, LoggedVector, computed_by, launch, spec_env
 
 pytest.importorskip("s3fs")
@@ -115,6 +116,13 @@ def test_a_dask_build_once_per_cluster(
     assert sorted(key for _pid, key in by) == sorted(sources)  # each key once
     workers = set(client.run(os.getpid).values())
     assert {int(pid) for pid, _key in by} <= workers  # all of them on the Dask workers
+    if where == "s3":  # one build in the cluster: each shard uploaded once, into one part
+        [manifest] = [rel for rel in _remote_objects(s3, remote) if "/manifests/" in rel]
+        [part] = _read(s3, remote, manifest)["parts"]
+        shards = [r.key for r in s3.requests("PUT", under=f"{BUCKET}/once/")
+                  if "/vectors/c/" in r.key]
+        assert all(f"/parts/{part['id']}/" in key for key in shards)
+        assert len(shards) == len(set(shards)) == 3  # N_SOURCES' three shard tasks
 
     later = time.time() + 100
     for path in sources:  # copies: the same bytes, new mtimes
@@ -283,3 +291,86 @@ def test_ctrl_c_on_the_holder_hands_the_lease_over(
     complete = {rel.split("/")[2].removesuffix(".bundle") for rel in left
                 if rel.endswith((".bundle", "/zarr.json")) and "/parts/" in rel}
     assert complete == {part["id"]}  # the interrupted part: never a store, never a bundle
+
+
+def _idle(client: Any) -> None:
+    """Wait until no task runs or waits on the Dask cluster of ``client`` (a hang guard)."""
+    deadline = time.monotonic() + GUARD_S
+    while any(client.processing().values()):
+        assert time.monotonic() < deadline, client.processing()
+        time.sleep(0.05)
+
+
+def test_a_worker_killed_without_retries_leaves_no_half_store(
+    client: Any, s3: S3Process, tmp_path: Path, short_lease: None
+) -> None:
+    """A worker SIGKILLed mid-task on a Dask cluster that allows no retry: the holder's call
+    fails with ``KilledWorker`` naming the shard and the remote, and the remote holds no half
+    store: no manifest, no group ``zarr.json`` or bundle of the part, the lease released;
+    once the cluster is idle, ``gc(remote=...)`` deletes every shard the build's tasks sent.
+    Then a node builds on a cluster that retries, each shard uploaded once, a second node
+    computes nothing, and a third reads every vector from the remote."""
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    s3.inject([])
+    prefix, marker = f"s3://{BUCKET}/killed-for-good", tmp_path / "killed.pid"
+    log = tmp_path / "log"
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        strict = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                          dashboard_address=":0")
+    with strict, distributed.Client(strict) as c:
+        with pytest.raises(distributed.KilledWorker) as info:
+            tsc.cached(KEYS, cache_dir=tmp_path / "n0", remote=prefix,
+                       storage_options=s3.storage_options(), loader_id="dask.logged/1",
+                       loader=KillOnce(str(log), KEYS[70], str(marker)), identity="none",
+                       workers=2, progress=False, executor=c.get_executor())
+        _idle(c)
+    notes = "\n".join(info.value.__notes__)
+    assert "while building shard vectors/c/" in notes and "'item/064'" in notes, notes
+    assert prefix in notes and "nothing was committed" in notes, notes
+    assert marker.exists()
+    left = _remote_objects(s3, prefix)
+    [ns] = {rel.split("/", 1)[0] for rel in left if "/leases/" in rel}
+    stores = [rel for rel in left if "/manifests/" in rel
+              or ("/parts/" in rel and rel.endswith((".bundle", "zarr.json")))]
+    assert stores == []  # no store, half or whole, and nothing names one
+    assert _read(s3, prefix, f"{ns}/leases/g00000000.a0000.json")["state"] == "released"
+    tsc.gc(remote=prefix, storage_options=s3.storage_options(), older_than=0)
+    assert [rel for rel in _remote_objects(s3, prefix) if "/parts/" in rel] == []
+
+    store = _node(client, s3, tmp_path / "n1", prefix, LoggedVector(str(log)))
+    np.testing.assert_array_equal(store.take(store.rows(KEYS)), _want(KEYS))
+    [part] = _read(s3, prefix, f"{ns}/manifests/00000001.json")["parts"]
+    shards = [r.key for r in s3.requests("PUT", under=f"{BUCKET}/killed-for-good/")
+              if f"/parts/{part['id']}/vectors/c/" in r.key]
+    assert len(shards) == len(set(shards)) == -(-len(KEYS) // store.spec.rows_per_shard)
+    other = _node(client, s3, tmp_path / "n2", prefix, LoggedVector(str(tmp_path / "log2")))
+    np.testing.assert_array_equal(other.take(other.rows(KEYS)), _want(KEYS))
+    assert not (tmp_path / "log2").exists()  # nothing computed there
+
+
+def test_workers_that_may_not_write_the_remote(
+    client: Any, s3: S3Process, tmp_path: Path, short_lease: None
+) -> None:
+    """The bucket refuses the shards the Dask workers send (403, as to credentials that may
+    only read): the holder's call fails with ``PermissionError`` naming the shard, the
+    remote, the machine that sent it, what to give the workers, and that nothing was
+    committed; the lease is released and no manifest written."""
+    prefix = f"s3://{BUCKET}/denied"
+    s3.inject([Fault("denied", match="/vectors/c/", method="PUT", count=-1)])
+    try:
+        with pytest.raises(PermissionError) as info:
+            _node(client, s3, tmp_path / "n0", prefix, LoggedVector(str(tmp_path / "log")))
+    finally:
+        s3.inject([])
+    notes = "\n".join(info.value.__notes__)
+    assert "while building shard vectors/c/" in notes, notes
+    assert "while uploading 'vectors/c/" in notes and f"of '{prefix}/" in notes, notes
+    assert socket.gethostname() in notes and "needs write access there" in notes, notes
+    assert f"nothing was committed to '{prefix}/" in notes, notes
+    assert "testing" not in notes  # the storage options' secret key is never shown
+    left = _remote_objects(s3, prefix)
+    [ns] = {rel.split("/", 1)[0] for rel in left if "/leases/" in rel}
+    assert [rel for rel in left if "/manifests/" in rel] == []
+    assert _read(s3, prefix, f"{ns}/leases/g00000000.a0000.json")["state"] == "released"

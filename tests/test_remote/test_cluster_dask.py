@@ -30,6 +30,8 @@ import tensorstore_cache as tsc
 from benchmarks.common.s3server import Fault, S3Process
 from tests.support._cluster import Agent, LoggedVector, computed_by, launch, spec_env
 
+from .test_dask import _dead
+
 pytest.importorskip("s3fs")
 
 BUCKET = "dask-cluster"
@@ -217,9 +219,9 @@ def test_a_worker_killed_mid_task_is_retried(
     store = _node(client, s3, tmp_path / "n0", prefix, KillOnce(str(log), KEYS[5], str(marker)))
     np.testing.assert_array_equal(store.take(store.rows(KEYS)), _want(KEYS))
     victim = int(marker.read_text())
-    assert victim in before  # a worker process really died ...
-    client.wait_for_workers(2)
-    assert victim not in set(client.run(os.getpid).values())  # ... and was replaced
+    # a worker process really died, and the build went on without it (whether and when the
+    # cluster replaces it is distributed's)
+    assert victim in before and _dead(victim)
     keys = [key for _pid, key in computed_by(log)]
     assert sorted(set(keys)) == KEYS and max(keys.count(k) for k in KEYS) <= 2
     rows = store.spec.rows_per_shard

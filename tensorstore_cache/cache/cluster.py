@@ -188,7 +188,7 @@ def _hold(
     stage("leased")
     try:
         part, skipped = build(left, node.rns.part_url)
-    except BaseException as exc:
+    except Exception as exc:  # (Ctrl-C says enough)
         exc.add_note(f"nothing was committed to {node.rns.where()!r}: the lease is released "
                      "and the next call (of any node) builds these keys again; fix the cause "
                      "above, then call again")

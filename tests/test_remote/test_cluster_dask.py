@@ -7,8 +7,10 @@ The Dask cluster is a real ``LocalCluster`` of two worker processes, shared by t
 node process connects its own client to the scheduler, as jobs connect to a cluster's); the
 nodes are agent processes with separate cache directories (``tests.support._cluster``), at
 once, against the S3 test server or a shared directory. The loader logs ``<pid> <key>`` with
-``O_APPEND`` from whichever process computes it, so "once" is counted, and by whom. Skipped
-without ``dask[distributed]``.
+``O_APPEND`` from whichever process computes it, so "once" is counted, and by whom. Workers
+are SIGKILLed mid-task on a cluster that retries and on one that allows no retry (a cluster of
+its own), and the test server refuses the workers' uploads, to show what reaches the remote
+then. Skipped without ``dask[distributed]``.
 """
 
 from __future__ import annotations

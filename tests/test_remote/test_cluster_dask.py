@@ -30,6 +30,7 @@ import pytest
 
 import tensorstore_cache as tsc
 from benchmarks.common.s3server import Fault, S3Process
+from tensorstore_cache.writer.tasks import ShardTask
 from tests.support._cluster import Agent, LoggedVector, computed_by, launch, spec_env
 
 from .test_dask import _dead
@@ -386,7 +387,14 @@ def test_workers_that_may_not_write_the_remote(
     assert "while uploading 'vectors/c/" in notes and f"of '{prefix}/" in notes, notes
     assert socket.gethostname() in notes and "needs write access there" in notes, notes
     assert f"nothing was committed to '{prefix}/" in notes, notes
-    assert "testing" not in notes  # the storage options' secret key is never shown
+    assert "testing" not in notes  # the storage options' secret key is never shown, ...
+    logs = [msg for lines in client.get_worker_logs().values() for _level, msg in lines]
+    assert any("Compute Failed" in msg for msg in logs)
+    assert not [msg for msg in logs if "testing" in msg]  # ... nor logged by the workers ...
+    task = ShardTask(root="", rel="vectors/c/0/0", keys=KEYS, loader=None, dtype="float32",
+                     item_shape=(8,), rows_per_shard=64, write_on_failure=False,
+                     upload=prefix, storage_options=s3.storage_options())
+    assert "testing" not in repr(task)  # ... nor shown by the task they were sent
     left = _remote_objects(s3, prefix)
     [ns] = {rel.split("/", 1)[0] for rel in left if "/leases/" in rel}
     assert [rel for rel in left if "/manifests/" in rel] == []

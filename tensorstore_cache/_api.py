@@ -510,8 +510,13 @@ def cached(
     executor
         A :class:`concurrent.futures.Executor` that runs the build's shard
         tasks instead of a local process pool (e.g. a Dask client's
-        ``get_executor()``); ``cache_dir`` must then be on a filesystem every
-        worker shares. See :func:`build_store`.
+        ``get_executor()``). With ``remote``, the tasks of a build for the
+        cluster upload their shards straight into the remote part from
+        wherever they run, so ``cache_dir`` may stay local to each machine;
+        otherwise (and for what a node builds for itself only, in read mode
+        or for sources whose bytes differ on it) they write into
+        ``cache_dir``, which must then be on a filesystem every worker
+        shares. See :func:`build_store`.
     on_error
         ``"raise"``: a source that fails to load fails the call and nothing
         is published. ``"skip"``: the rest is published; skipped sources are

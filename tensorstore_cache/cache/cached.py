@@ -26,11 +26,20 @@ from ..format import write_hashes
 from ..fs import Holder, parse_temp, racy_since, remove_tree
 from ..identity import LoaderFingerprint
 from ..reader import CacheStore, open_directory, stale_keys, token_map, view_of
-from ..writer import BuildOptions, Schema, build, building, collect_debris, write_merged
-from .cluster import RemoteOptions, fill_remote, lease_deadline
+from ..writer import (
+    BuildOptions,
+    Schema,
+    build,
+    build_to_url,
+    building,
+    collect_debris,
+    write_merged,
+)
+from .cluster import PartUrl, RemoteOptions, fill_remote, lease_deadline
 from .compact import merge_start
 from .fingerprint import fingerprint, namespace_name
 from .loader_record import after_build, before_build
+from .mirror import node_copy, pointer_path, write_pointer
 from .namespace import Manifest, Namespace
 from .seen_sources import NodeSeenSources
 
@@ -334,13 +343,16 @@ def _fill_remote(
             return missing + stale, []
         return missing, stale  # another copy's bytes: recomputed for this node only
 
-    def build_part(left: list[str]) -> tuple[str | None, set[str]]:
+    def build_part(left: list[str], at: PartUrl | None) -> tuple[str | None, set[str]]:
         missing, stale, item_shape, schema = _plan_build(ns, ns.current(), left, options,
                                                          tokens)
         _sweep_debris(ns)
         label = _progress_label(options, item_shape, schema, len(missing), len(stale),
                                 len(keys))
-        return _build_part(ns, missing + stale, options, item_shape, schema, label, tokens)
+        # for the cluster, on a given executor: its tasks upload the part from where they run
+        upload = (at, remote) if at is not None and options.build.executor is not None else None
+        return _build_part(ns, missing + stale, options, item_shape, schema, label, tokens,
+                           upload)
 
     for attempt in range(_UNLOCKED_ATTEMPTS):
         skipped = fill_remote(ns, remote, deadline, todo, build_part)
@@ -418,9 +430,15 @@ def _build_part(
     schema: Schema | None,
     label: str,
     tokens: _Tokens,
+    upload: tuple[PartUrl, RemoteOptions] | None = None,
 ) -> tuple[str | None, set[str]]:
     """Build ``todo`` into a new part; return its id (None if nothing was built) and the
     keys the build skipped (``on_error="skip"``).
+
+    With ``upload`` (where the cluster's parts lie, and the remote) the part is
+    built at its remote URL, its tasks uploading their shards from wherever
+    they run (:func:`~tensorstore_cache.writer.build_to_url`), and kept in the
+    node cache (its metadata and index), the namespace holding its pointer.
 
     ``item_shape`` or ``schema`` (the namespace's, else the loader's or the
     declared one) spares the builder a probing call of the loader, so every
@@ -442,7 +460,10 @@ def _build_part(
     )
     started = time.time_ns()
     try:
-        hashes = build(todo, target, build_options)
+        if upload is None:
+            hashes = build(todo, target, build_options)
+        else:
+            hashes = _build_at(todo, target, upload[0](part), build_options, upload[1])
     except BuildError as exc:
         if item_shape is not None and any("must have shape" in r for _p, r in exc.failures):
             exc.add_note(
@@ -450,7 +471,8 @@ def _build_part(
                 f"{loader.loader_id!r}; if the loader's output changed, give it a new loader_id"
             )
         raise
-    store = open_directory(target, trust=ns.trust)
+    store = (open_directory(target, trust=ns.trust) if upload is None
+             else ns.open_parts([part], pin=False))
     try:
         n = len(store)
         skipped = {key for key, _reason in store.spec.skipped}
@@ -459,11 +481,33 @@ def _build_part(
     finally:
         store.close()
     if n == 0:  # everything was skipped; never referenced, so nobody maps it
-        remove_tree(target)
+        _drop_part(ns, target)
         return None, skipped
     if hashes is not None:
         write_hashes(target, hashes, trust=ns.trust)
     return part, skipped
+
+
+def _build_at(
+    todo: list[str], target: Path, url: str, options: BuildOptions, remote: RemoteOptions
+) -> npt.NDArray[np.uint64] | None:
+    """Build ``todo`` as the part at ``url`` (its tasks upload their shards there), keep this
+    node's copy in the node cache and point ``target`` at it; return the sources' hashes."""
+    hashes, copy = build_to_url(todo, url, options, cache_dir=target.parent.parent.parent,
+                                storage_options=remote.storage_options)
+    write_pointer(target, url, copy.name, options.trust)
+    return hashes
+
+
+def _drop_part(ns: Namespace, target: Path) -> None:
+    """Remove a part built here that no manifest names: its directory, or its pointer and
+    its copy in the node cache (what its build uploaded stays for ``gc(remote=...)``)."""
+    copy = None if target.is_dir() else node_copy(target, ns.trust)
+    if copy is None:
+        remove_tree(target)
+        return
+    pointer_path(target).unlink(missing_ok=True)
+    remove_tree(copy)
 
 
 def _remember_built(

@@ -17,7 +17,10 @@ to the remote:
    (then go to 1) or the lease goes a lease time without a heartbeat (take over);
 3. the holder builds what is missing into a local part, uploads it (its
    files, then its bundle) and moves it whole into the node cache, then
-   commits by creating the next manifest; a lost race reads the winner's
+   commits by creating the next manifest (a build whose tasks run on a given
+   executor has them upload their shards straight into the remote part, from
+   wherever they run; the holder then uploads the rest of the part and its
+   bundle, and keeps its metadata and index in the node cache); a lost race reads the winner's
    manifest, fetches its bundles and adopts it when it holds our keys, else
    commits after it. Past :data:`MAX_REMOTE_PARTS` parts the holder merges
    them into one and commits that too.
@@ -66,11 +69,11 @@ from ..remote import (
     url_dir,
 )
 from ..writer import write_merged
-from .mirror import node_part_here, write_pointer
+from .mirror import node_copy, node_part_here, write_pointer
 from .namespace import Namespace, valid_part_id
 
-__all__ = ["MAX_REMOTE_PARTS", "MODE_ENV", "RemoteOptions", "fill_remote", "lease_deadline",
-           "probe_file", "read_only_from_env"]
+__all__ = ["MAX_REMOTE_PARTS", "MODE_ENV", "PartUrl", "RemoteOptions", "fill_remote",
+           "lease_deadline", "probe_file", "read_only_from_env"]
 
 #: More parts than this in a remote generation are merged into one by the next holder.
 MAX_REMOTE_PARTS = 4
@@ -116,8 +119,13 @@ class RemoteOptions:
 #: Returns the keys of the call still to compute against the node's current namespace: those
 #: for the cluster (missing), and those for this node only (its sources differ).
 Todo = Callable[[], tuple[list[str], list[str]]]
-#: Builds keys into a new local part: its id (None if every key was skipped), the skipped keys.
-Build = Callable[[list[str]], tuple[str | None, set[str]]]
+#: Where the part of an id lies on the remote (its URL, or its directory).
+PartUrl = Callable[[str], str]
+#: Builds keys into a new part: its id (None if every key was skipped), the skipped keys.
+#: Given a :data:`PartUrl`, the part is the cluster's, and the build may upload it there itself
+#: (its tasks sending their shards from wherever they run), keeping it in the node cache
+#: (:mod:`~tensorstore_cache.cache.mirror`); else it is a local part of the namespace.
+Build = Callable[[list[str], PartUrl | None], tuple[str | None, set[str]]]
 
 
 def probe_file(cache_dir: Path, url: str) -> Path:
@@ -178,7 +186,13 @@ def _hold(
 ) -> tuple[RemoteManifest, set[str]]:
     """Holding the lease: build ``left``, upload, commit; return what is committed and skipped."""
     stage("leased")
-    part, skipped = build(left)
+    try:
+        part, skipped = build(left, node.rns.part_url)
+    except Exception as exc:  # (Ctrl-C says enough)
+        exc.add_note(f"nothing was committed to {node.rns.where()!r}: the lease is released "
+                     "and the next call (of any node) builds these keys again; fix the cause "
+                     "above, then call again")
+        raise
     stage("built")
     try:
         return _commit(node, base, part, skipped, todo)
@@ -271,7 +285,7 @@ class _Node:
 
     def build_own(self, seen: RemoteManifest, keys: list[str], build: Build) -> set[str]:
         """Build ``keys`` into a part of this node only and publish it; return those skipped."""
-        part, skipped = build(keys)
+        part, skipped = build(keys, None)
         self.keep_own(seen, part)
         return skipped
 
@@ -289,9 +303,14 @@ class _Node:
         self.publish(seen)
 
     def upload(self, part: str) -> PartRef:
-        """Upload the part built here, then keep it in the node cache, data files included."""
+        """Upload the part built here, then keep it in the node cache, data files included
+        (a part its build uploaded and kept there: only its bundle is left to upload)."""
         ns = self.ns
         part_dir = ns.part_dir(part)
+        copy = None if part_dir.is_dir() else node_copy(part_dir, ns.trust)
+        if copy is not None:
+            return self.rns.upload_bundle(copy, part, self.scratch, ns.trust,
+                                          side=hashes_path(part_dir))
         ref = self.rns.upload_part(part_dir, part, self.scratch, ns.trust)
         url = self.rns.part_url(part)
         local = adopt_version(part_dir, url, cache_dir=ns.root.parent, trust=ns.trust)

@@ -28,7 +28,8 @@ from ..fs import Trust, open_file, parse_json_fd, temp_path, write_json_durable
 from ..reader import SegmentSource
 from ..remote import node_dir, open_url_dir, version_source
 
-__all__ = ["POINTER_SUFFIX", "node_part", "node_part_here", "pointer_path", "write_pointer"]
+__all__ = ["POINTER_SUFFIX", "node_copy", "node_part", "node_part_here", "pointer_path",
+           "write_pointer"]
 
 #: The pointer of a part kept in the node cache: ``parts/<id>`` + this.
 POINTER_SUFFIX = ".remote"
@@ -105,20 +106,27 @@ def node_part(
     return source, base
 
 
-def node_part_here(part_dir: Path, trust: Trust) -> bool:
-    """Whether the part of ``part_dir`` is kept in the node cache and its version is there."""
+def node_copy(part_dir: Path, trust: Trust) -> Path | None:
+    """Where the node cache keeps the version the pointer of ``part_dir`` names (None: the
+    part has no readable pointer); the directory may have been evicted."""
     path = pointer_path(part_dir)
     try:
         fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        return False
+        return None
     try:
         found = _read_pointer(part_dir, fd, trust)
     except (OSError, CorruptStoreError):
-        return False
+        return None
     finally:
         os.close(fd)
     if found is None:
-        return False
+        return None
     url, version = found
-    return (node_dir(url, part_dir.parent.parent.parent) / version).is_dir()
+    return node_dir(url, part_dir.parent.parent.parent) / version
+
+
+def node_part_here(part_dir: Path, trust: Trust) -> bool:
+    """Whether the part of ``part_dir`` is kept in the node cache and its version is there."""
+    copy = node_copy(part_dir, trust)
+    return copy is not None and copy.is_dir()

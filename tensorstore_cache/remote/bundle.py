@@ -49,12 +49,17 @@ def bundle_files(meta: GroupMetadata) -> list[str]:
     return [GROUP, *sorted(rel for rel in meta.files if rel not in fetched)]
 
 
-def pack_bundle(part_dir: Path, part: str, out: Path, trust: Trust) -> None:
-    """Write the bundle of the part at ``part_dir`` (and its side file, if any) to ``out``."""
+def pack_bundle(
+    part_dir: Path, part: str, out: Path, trust: Trust, *, side: Path | None = None
+) -> None:
+    """Write the bundle of part ``part`` to ``out``: its files from the store directory
+    ``part_dir`` (a part, or this node's copy of one, which holds every file a bundle does),
+    and the content hashes of its sources from ``side`` (default: the side file beside
+    ``part_dir``; none if absent)."""
     meta = GroupMetadata.read(part_dir, trust=trust)
     rels = bundle_files(meta)
     sizes = [os.path.getsize(part_dir / rel) for rel in rels]
-    side = hashes_path(part_dir)
+    side = side if side is not None else hashes_path(part_dir)
     side_size = side.stat().st_size if side.is_file() else None
     header = json.dumps(document("bundle", {
         "part": part, "files": [[rel, size] for rel, size in zip(rels, sizes, strict=True)],

@@ -191,14 +191,22 @@ class RemoteNamespace:
         for batch in ([r for r in files if not r.endswith(GROUP)],
                       [r for r in files if r.endswith(GROUP)], [GROUP]):
             self.objects.put_files([(part_dir / r, f"{prefix}/{r}") for r in batch])
+        return self.upload_bundle(part_dir, part, scratch, trust)
+
+    def upload_bundle(
+        self, store: Path, part: str, scratch: Path, trust: Trust, *, side: Path | None = None
+    ) -> PartRef:
+        """Upload the bundle of part ``part``, whose store is whole at ``parts/<part>/``
+        already; ``store`` is a local copy of it (every file a bundle holds) and ``side``
+        the content hashes of its sources (default: beside ``store``)."""
         bundle = scratch / f"{part}.{new_token()}{BUNDLE_SUFFIX}"
         try:
-            pack_bundle(part_dir, part, bundle, trust)
+            pack_bundle(store, part, bundle, trust, side=side)
             size, digest = file_digest(bundle)
-            self.objects.put_file(bundle, prefix + BUNDLE_SUFFIX)
+            self.objects.put_file(bundle, self.rel(f"parts/{part}{BUNDLE_SUFFIX}"))
         finally:
             bundle.unlink(missing_ok=True)
-        return PartRef(part, size, digest, version_name((part_dir / GROUP).read_bytes()))
+        return PartRef(part, size, digest, version_name((store / GROUP).read_bytes()))
 
     def fetch_bundle(self, ref: PartRef, scratch: Path) -> Bundle:
         """Download the bundle of part ``ref`` into ``scratch`` (the caller removes its file),

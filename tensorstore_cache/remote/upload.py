@@ -22,6 +22,11 @@ With ``overwrite=True`` the old group ``zarr.json`` is withdrawn
 replaced in place. A build that fails removes what it sent
 (:func:`discard_upload`), and never writes a group ``zarr.json``.
 
+A ``file://`` URL or a path (a directory every machine mounts) is written as
+an object store is: each file copied to a temporary name beside its own,
+flushed to disk and renamed over it (a reader sees a whole file or none),
+its directories made on the way.
+
 A build may also send objects that are no part of the store (its *scratch*:
 the ragged runs of a store of records, which its builder downloads and
 assembles); the builder names their directories, and they are deleted with
@@ -33,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +47,7 @@ from typing import Any
 from ..errors import StoreExistsError
 from ..format import FIELDS, GROUP, INDEX_ARRAYS, VECTORS, GroupMetadata
 from ..fs import Trust, fsync_dir, make_dir, temp_path
-from .urls import filesystem, node_dir, open_url_dir, version_name
+from .urls import filesystem, node_dir, open_url_dir, redact, version_name
 
 __all__ = [
     "check_target",
@@ -90,9 +97,19 @@ def withdraw_store(url: str, *, storage_options: Mapping[str, Any] | None) -> No
 def upload_file(
     path: Path, url: str, rel: str, *, storage_options: Mapping[str, Any] | None
 ) -> None:
-    """Upload the local file ``path`` as ``rel`` of the store at ``url`` (one atomic object)."""
+    """Upload the local file ``path`` as ``rel`` of the store at ``url`` (one atomic object).
+
+    An error is noted with the object, the store and the machine it was sent from (a
+    build's task may run on another machine than its builder)."""
     fs, root = filesystem(url, storage_options)
-    fs.put_file(str(path), f"{root}/{rel}")
+    try:
+        _put(fs, [(path, f"{root}/{rel}")])
+    except Exception as exc:
+        exc.add_note(f"while uploading {rel!r} of {redact(url)!r} from {socket.gethostname()} "
+                     f"(process {os.getpid()}): every process running a build's tasks needs "
+                     "write access there, by the storage_options= of the build or by its "
+                     "machine's own credentials")
+        raise
 
 
 def download_files(
@@ -162,8 +179,9 @@ def upload_store(
     storage_options: Mapping[str, Any] | None = None,
     trust: Trust | None = None,
     scratch: Sequence[str] = (),
-) -> None:
-    """Upload the store directory ``local`` to ``url``; keep ``local`` as this node's copy.
+) -> Path:
+    """Upload the store directory ``local`` to ``url``; keep ``local`` as this node's copy,
+    and return where that copy is (the version's directory in the node cache).
 
     Data files first, then the array metadata, the group ``zarr.json`` last;
     files in ``uploaded`` (shards the build's tasks sent) are at ``url``
@@ -182,11 +200,13 @@ def upload_store(
     raw = _upload(local, fs, root, overwrite, uploaded, trust, scratch)
     base = node_dir(url, cache_dir)
     os.close(open_url_dir(url, cache_dir, trust, create=True))
+    copy = base / version_name(raw)
     try:
-        local.rename(base / version_name(raw))
+        local.rename(copy)
         fsync_dir(base)
     except OSError:
         pass  # this version is already here (identical bytes, by its checksums)
+    return copy
 
 
 def _upload(
@@ -204,13 +224,46 @@ def _upload(
     meta = [rel for rel in files if rel.endswith(GROUP)]
     for part in (data, meta):
         if part:
-            fs.put([str(local / rel) for rel in part], [f"{root}/{rel}" for rel in part])
-    fs.pipe_file(f"{root}/{GROUP}", raw)
+            _put(fs, [(local / rel, f"{root}/{rel}") for rel in part])
+    if _local(fs):
+        _put(fs, [(local / GROUP, f"{root}/{GROUP}")])
+    else:
+        fs.pipe_file(f"{root}/{GROUP}", raw)
     keep = set(listed)
     stale = [rel for rel in _array_files(fs, root, scratch) if rel not in keep]
     if stale:
         fs.rm([f"{root}/{rel}" for rel in stale])
     return raw
+
+
+def _local(fs: Any) -> bool:
+    """Whether ``fs`` is the local filesystem (a path, or a directory every machine mounts)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocols
+
+
+def _put(fs: Any, files: list[tuple[Path, str]]) -> None:
+    """Send the local files to their paths on ``fs``; on the local filesystem, each through
+    a temporary name, flushed, renamed over its own (its directories made first)."""
+    if not _local(fs) and len(files) == 1:
+        fs.put_file(str(files[0][0]), files[0][1])
+        return
+    if not _local(fs):
+        fs.put([str(src) for src, _dst in files], [dst for _src, dst in files])
+        return
+    for src, dst in files:
+        final = Path(dst)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(final, "new")
+        try:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        fsync_dir(final.parent)
 
 
 def _array_files(fs: Any, root: str, scratch: Sequence[str] = ()) -> list[str]:

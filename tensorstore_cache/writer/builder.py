@@ -145,7 +145,7 @@ def build_to_url(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
-) -> None:
+) -> tuple[npt.NDArray[np.uint64] | None, Path]:
     """Build the store of ``keys`` at the fsspec URL ``url``, its shards uploaded by their tasks.
 
     Each shard task writes its shard to a local temporary file and uploads it
@@ -168,6 +168,13 @@ def build_to_url(
     XXH3-128 its task reported), writes the chunks, offsets and shapes,
     uploads them with the index, and deletes the runs.
 
+    Returns
+    -------
+    tuple
+        The content hashes of the rows' sources, as :func:`build` returns
+        them, and this node's copy of the store (its version's directory in
+        the node cache).
+
     Raises
     ------
     BuildError
@@ -186,11 +193,11 @@ def build_to_url(
             if options.overwrite:
                 withdraw_store(url, storage_options=storage_options)
             try:
-                meta, sent, _hashes = execute(local, planned, upload)
+                meta, sent, hashes = execute(local, planned, upload)
                 seal(local, meta, url, options.trust)
-                upload_store(local, url, uploaded=sent, overwrite=options.overwrite,
-                             cache_dir=cache_dir, storage_options=storage_options,
-                             trust=options.trust, scratch=(RUNS,))
+                copy = upload_store(local, url, uploaded=sent, overwrite=options.overwrite,
+                                    cache_dir=cache_dir, storage_options=storage_options,
+                                    trust=options.trust, scratch=(RUNS,))
             except BaseException as exc:
                 try:
                     discard_upload(url, storage_options=storage_options, scratch=(RUNS,))
@@ -203,3 +210,4 @@ def build_to_url(
                 raise
     finally:
         remove_tree(staging)
+    return (hashes if bool(np.any(hashes != 0)) else None), copy

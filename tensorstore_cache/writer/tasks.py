@@ -153,7 +153,8 @@ class ShardTask:
     layouts: tuple[FieldLayout, ...] = ()
     trust: Trust = EXPLICIT
     upload: str | None = None
-    storage_options: dict[str, Any] | None = None
+    #: may hold credentials: never in a repr (an executor's log line, a traceback)
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)

@@ -5,15 +5,21 @@ once, imports done), calls ``tsc.cached(keys, cache_dir=<its node's cache>,
 remote=...)`` with :func:`vector` as its loader, checks every vector it got
 against :func:`vector`, and writes a JSON verdict. Given ``opened`` and ``go`` files, it
 reads its first vector, creates ``opened`` and waits for ``go`` before reading the rest
-(so a test can count the requests made before the first vector). The loader appends each key
-it computes to one log with ``O_APPEND`` (one ``write`` a key), so computations
-are counted over the whole cluster, a killed agent's included.
+(so a test can count the requests made before the first vector); given ``returned`` and
+``go``, it creates ``returned`` once ``cached()`` returned and waits for ``go`` before reading
+anything. The loader appends each key it computes to one log with ``O_APPEND`` (one ``write``
+a key), so computations are counted over the whole cluster, a killed agent's included. Given
+``dask`` (a scheduler's address), the agent builds on that Dask cluster
+(``executor=client.get_executor()``); its loader is then :class:`LoggedVector`
+(``loader="logged"``), which logs from wherever it runs.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +130,10 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         store = _cached(tsc, spec, keys, files)
+    if spec.get("returned"):  # built or fetched, nothing read yet: say so, and wait to go on
+        Path(spec["returned"]).touch()
+        while not Path(spec["go"]).exists():
+            time.sleep(0.01)
     if spec.get("opened"):  # the first vector read: say so, and wait to go on
         first = store.take(store.rows(keys[:1]))
         assert files or np.array_equal(first[0], _value(keys[0]))
@@ -131,13 +141,44 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         while not Path(spec["go"]).exists():
             time.sleep(0.01)
     got = store.take(store.rows(keys))
-    if spec.get("loader") == "records":  # the vectors, and each text field holds its key
+    if spec.get("loader") == "records" or spec.get("records"):  # each text field: its key
         assert [str(t) for t in got["key"]] == keys
         got = got["vec"]
     want = np.stack([_bytes_value(Path(k).read_bytes()) if files else _value(k) for k in keys])
     wrong = int(np.sum(np.any(got != want, axis=1)))
     return {"ok": True, "wrong": wrong, "n": len(store), "content_reads": reads[0],
             "warnings": [str(w.message) for w in caught], "location": store.location}
+
+
+class LoggedVector:
+    """:func:`vector` (or :func:`record`, with ``records``) as a loader object that carries
+    its log, for builds whose tasks run in other processes than the agent (a Dask cluster's
+    workers, which do not have the agent's environment): each key is logged as
+    ``<pid> <key>``. With ``gate``, each call first waits until that file exists. Its
+    item shape is declared (the fields of its records are, by :data:`LOGGED_FIELDS`), so the
+    build's coordinator never computes a key: each is a shard task's."""
+
+    def __init__(self, log: str, *, records: bool = False, gate: str | None = None) -> None:
+        self.item_shape = None if records else (DIM,)
+        self.log = log
+        self.records = records
+        self.gate = gate
+
+    def __call__(self, key: str) -> Any:
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{os.getpid()} {key}\n".encode())
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + 120  # a hang guard, not a timing
+        while self.gate is not None and not os.path.exists(self.gate):
+            assert time.monotonic() < deadline, f"{self.gate} never appeared"
+            time.sleep(0.01)
+        return {"vec": _value(key), "key": key} if self.records else _value(key)
+
+
+#: The fields of :class:`LoggedVector`'s records.
+LOGGED_FIELDS = {"vec": tsc.Fixed((DIM,), "float32"), "key": tsc.Text()}
 
 
 def record(key: str) -> dict[str, Any]:
@@ -176,14 +217,29 @@ def _cached(tsc: Any, spec: dict[str, Any], keys: list[str], files: bool) -> Any
     loader: Any = {"file": file_vector, "records": record}.get(kind, vector)
     if kind == "batch":
         loader = VecBatch(batch_size=4, devices=["cpu"])
-    return tsc.cached(
-        keys, cache_dir=spec["cache_dir"], remote=spec["remote"],
-        storage_options=spec.get("storage_options"), loader=loader,
-        loader_id=None if kind == "batch" else f"cluster.{kind}/1",
-        identity=tokens if spec.get("identity") == "token"
-        else spec.get("identity", "stat" if files else "none"), workers=1, progress=False,
-        on_error=spec.get("on_error", "raise"), lock_timeout=spec.get("lock_timeout"),
-    )
+    if kind == "logged":
+        loader = LoggedVector(os.environ["CLUSTER_LOG"], records=bool(spec.get("records")),
+                              gate=spec.get("gate"))
+        kind = "logged-records" if spec.get("records") else "logged"
+    client: Any = None
+    if spec.get("dask"):  # a scheduler's address: build on that Dask cluster
+        distributed: Any = importlib.import_module("distributed")  # untyped
+        client = distributed.Client(spec["dask"], set_as_default=False)
+    try:
+        return tsc.cached(
+            keys, cache_dir=spec["cache_dir"], remote=spec["remote"],
+            storage_options=spec.get("storage_options"), loader=loader,
+            loader_id=None if kind == "batch" else f"cluster.{kind}/1",
+            identity=tokens if spec.get("identity") == "token"
+            else spec.get("identity", "stat" if files else "none"),
+            workers=spec.get("workers", 1), progress=False,
+            on_error=spec.get("on_error", "raise"), lock_timeout=spec.get("lock_timeout"),
+            executor=client.get_executor() if client is not None else None,
+            fields=LOGGED_FIELDS if kind == "logged-records" else None,
+        )
+    finally:
+        if client is not None:
+            client.close()
 
 
 @dataclass
@@ -234,6 +290,7 @@ def launch(
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if our parent ignores it
     spec = json.loads(Path(sys.argv[1]).read_text())
     try:
         verdict = _run(spec)

@@ -61,6 +61,18 @@ _NAME = re.compile(
 )
 
 
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended and is not yet reaped (state Z or X in
+    ``/proc/<pid>/stat``; False where there is no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")"
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
 def _host() -> str:
     return socket.gethostname().replace("-", "_")
 
@@ -80,7 +92,9 @@ class TempName:
 
     def _owner(self) -> bool | None:
         """True: a live process of this host (a recycled pid counts as alive: its entry
-        waits); False: a process of this host that no longer exists; None: nobody can tell."""
+        waits); False: a process of this host that no longer exists, or that has ended and
+        waits only for its parent to reap it (a zombie: a killed builder whose parent has not
+        yet called wait); None: nobody can tell."""
         if self.pid is None or self.host != _host():
             return None
         try:
@@ -89,7 +103,7 @@ class TempName:
             return False
         except PermissionError:
             return True
-        return True
+        return not _ended(self.pid)
 
     def owner_alive(self) -> bool:
         """Whether its owner is a live process of this host."""

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +274,33 @@ def test_a_temporary_entry_is_stale_by_its_owner_then_by_its_age() -> None:
     elsewhere = temp.TempName("x", "build", "another_host", os.getpid())
     assert not elsewhere.owner_alive() and not elsewhere.owner_dead()
     assert not elsewhere.stale(60.0, 3600.0) and elsewhere.stale(3601.0, 3600.0)
+
+
+def test_an_owner_that_ended_but_is_not_reaped_is_dead() -> None:
+    # a builder SIGKILLed while its parent has not yet waited for it is a zombie: its pid still
+    # answers kill(pid, 0), but its work is over and its entries must be swept at once
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys; sys.stdin.read(); os._exit(0)"],
+                             stdin=subprocess.PIPE)
+    try:
+        host = temp.parse_temp(temp.temp_path("x", "build").name)
+        assert host is not None
+        entry = temp.TempName("x", "build", host.host, child.pid)
+        assert entry.owner_alive() and not entry.stale(10**9, 0.0)  # running: kept
+        assert child.stdin is not None
+        child.stdin.close()  # it ends now; nobody waits for it yet
+        deadline = 300.0  # a guard against hangs, not a timing assertion
+        for _ in range(int(deadline / 0.01)):
+            state = Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            if state == b"Z":
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the child never became a zombie")
+        assert entry.owner_dead() and entry.stale(0.0, 3600.0)
+    finally:
+        child.kill()
+        child.wait()
+    assert entry.owner_dead()  # reaped: gone
 
 
 def test_collect_temps_knows_every_kind_and_keeps_live_and_foreign_work(tmp_path: Path) -> None:

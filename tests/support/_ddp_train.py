@@ -8,7 +8,8 @@ its batch (the targets are the item ids). With ``--save-at K`` rank 0 writes
 a checkpoint (model, optimiser, ``loader.state_dict()``) after global step
 ``K`` and every rank goes on training, slowly, until the test kills the job.
 ``--resume`` starts from that checkpoint. At the end rank 0 writes the final
-weights next to the log.
+weights next to the log, and every rank closes the process group for good
+(its gloo threads joined) before the interpreter exits.
 
 Run: ``torchrun --nproc_per_node=2 tests/support/_ddp_train.py --store S --journal DIR --name NAME
 [--save CKPT --save-at K] [--resume CKPT]``.
@@ -17,14 +18,24 @@ Run: ``torchrun --nproc_per_node=2 tests/support/_ddp_train.py --store S --journ
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+# Imported before the process group exists, on purpose. torch.distributed.nn's collectives take
+# ``group=group.WORLD`` as a default argument, evaluated when the module is first imported:
+# imported later (constructing DistributedDataParallel imports it), ten of them would hold the
+# default group for the rest of the process, destroy_process_group() could not release it, and
+# gloo's threads would be torn down only during the interpreter's finalisation, while the other
+# ranks exit and close their connections, instead of inside destroy_process_group().
+import torch.distributed.nn
 from torch.nn.parallel import DistributedDataParallel
 
 import tensorstore_cache as tsc
@@ -46,10 +57,21 @@ def main() -> None:
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    train(args)
+    # The model, its optimiser and the loader are gone with train()'s frame: nothing else holds
+    # the group. Every rank is done with it (the barrier) before any closes its connections.
+    dist.barrier()
+    group = weakref.ref(dist.group.WORLD)
+    gc.collect()
+    dist.destroy_process_group()
+    assert group() is None, "the group outlived destroy_process_group(): something still holds it"
 
+
+def train(args: argparse.Namespace) -> None:
+    """Train (from the checkpoint ``--resume`` names, if any) until ``--epochs``; log each step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     store = tsc.open_store(args.store)
     ds = StoreDataset(store, targets=np.arange(len(store)), as_float=True)
     sampler = StoreSampler(len(ds), global_batch_size=args.global_batch, seed=args.seed)
@@ -95,8 +117,6 @@ def main() -> None:
     if rank == 0:
         torch.save(model.module.state_dict(), Path(args.journal) / f"{args.name}-final.pt")
     log.close()
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -37,20 +37,7 @@ class Record(Mapping[str, Any]):
     __slots__ = ("_values",)
 
     def __init__(self, values: dict[str, Any]) -> None:
-        object.__setattr__(self, "_values", values)
-
-    @classmethod
-    def of(cls, values: dict[str, Any]) -> Record:
-        """``Record(values)``, made without a call of ``__init__`` (the reader's hot path).
-
-        Parameters
-        ----------
-        values
-            Each field's value, by name, in schema order (kept, not copied).
-        """
-        record = _new(cls)
-        _set_values(record, values)
-        return record
+        _set_values(self, values)  # past __setattr__, which refuses every attribute
 
     def __getitem__(self, name: str) -> Any:
         return self._values[name]
@@ -87,6 +74,6 @@ class Record(Mapping[str, Any]):
         return sorted({*super().__dir__(), *self._values})
 
 
-_new = object.__new__
-#: Sets a record's values, past its ``__setattr__`` (which refuses every attribute).
+#: Sets a record's values, past its ``__setattr__`` (which refuses every attribute): the
+#: slot's own setter, bound once (the reader makes a record per key it reads).
 _set_values = Record._values.__set__  # type: ignore[attr-defined]

@@ -192,7 +192,7 @@ class Segment:
 
     def record(self, row: int) -> Record:
         """The record of ``row`` (a store of records): every field's value, in schema order."""
-        return Record.of({name: value(row) for name, value in self._rows})
+        return Record({name: value(row) for name, value in self._rows})
 
     @property
     def vectors(self) -> FixedArray:

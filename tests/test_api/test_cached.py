@@ -282,6 +282,9 @@ def test_stat_many_threaded_path_agrees(tmp_path: Path, monkeypatch: pytest.Monk
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(_stale, "ThreadPoolExecutor", CountingPool)
+    # the path is chosen by how long the first block's stats took: set, not timed (a loaded
+    # machine's local stats once looked slow enough for threads)
+    monkeypatch.setattr(_stale, "_SLOW_STAT_S", float("inf"))  # as on a local disk
     serial = _stale.stat_many(many)
     assert pools == []
     monkeypatch.setattr(_stale, "_SLOW_STAT_S", 0.0)  # as on a network filesystem

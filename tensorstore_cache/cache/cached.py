@@ -236,6 +236,10 @@ def _under_lock(
             timeout=options.lock_timeout, on_wait=_reporter(ns, options.build.progress)
         )
         try:
+            # The lock's preparation opened the directories before the lock file: gc may
+            # have removed the namespace and another caller made it again in between. The
+            # lock taken is the namespace's now at its path, which stays: open that one.
+            ns.ensure()
             for attempt in range(_UNLOCKED_ATTEMPTS):
                 try:
                     if options.remote is not None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
+from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs import temp
 from tensorstore_cache.fs.locks import ExclusiveLock
 from tensorstore_cache.reader.segment import Segment
@@ -128,6 +129,52 @@ def test_gc_between_the_look_and_the_lock_never_returns_a_short_store(
     np.testing.assert_array_equal(store.stack(keys), expected(keys))
     # gc really removed what the look had seen: every key was computed again, once
     assert calls(log) == Counter({k: 2 for k in keys[:200]} | {keys[200]: 1})
+
+
+def _cached_close(cache: str, keys: list[str], log: str) -> None:
+    tsc.cached(keys, cache_dir=cache, loader=LogLoader(log), workers=1, progress=False).close()
+
+
+def test_a_namespace_made_again_while_the_lock_is_opened_is_the_one_built(
+    keys: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, once: Any
+) -> None:
+    """The lock opens the namespace's directories, then its lock file. Between the two, gc
+    removes the namespace and another caller makes it again: the lock taken is the new
+    namespace's, and the directories this call reads must be the new ones too (the soak once
+    found a caller whose own new part 'no longer existed': it looked in the removed one)."""
+    cache, log = tmp_path / "cache", tmp_path / "log"
+    _cached_close(str(cache), keys[:100], str(log))
+
+    def gc_and_remake() -> None:
+        run_gc(cache, max_bytes=0, grace=0)
+        ctx: Any = multiprocessing.get_context("spawn")
+        other = ctx.Process(target=_cached_close, args=(str(cache), keys[150:151], str(log)))
+        other.start()
+        other.join(120)
+        assert other.exitcode == 0
+
+    interfere = once(gc_and_remake)
+    acquiring: list[bool] = []
+    acquire, ensure = ExclusiveLock.acquire, Namespace.ensure
+
+    def flagged_acquire(self: ExclusiveLock, **kw: Any) -> bool:
+        acquiring.append(True)
+        return acquire(self, **kw)
+
+    def ensure_then_interfere(self: Namespace) -> None:
+        ensure(self)
+        if acquiring:  # the lock's own preparation, just before it opens the lock file
+            interfere()
+
+    monkeypatch.setattr(ExclusiveLock, "acquire", flagged_acquire)
+    monkeypatch.setattr(Namespace, "ensure", ensure_then_interfere)
+    wanted = keys[100:120]
+    store = tsc.cached(wanted, loader=LogLoader(log), cache_dir=cache, workers=1, progress=False)
+    assert acquiring, "the call never took the lock"
+    np.testing.assert_array_equal(store.stack(wanted), expected(wanted))
+    # the namespace made again holds the other caller's key and this call's, each computed once
+    assert set(store.paths) >= {*wanted, keys[150]}
+    assert calls(log) == Counter({k: 1 for k in keys[:120]} | {keys[150]: 1})
 
 
 def test_gc_while_the_look_maps_parts_is_not_corruption(

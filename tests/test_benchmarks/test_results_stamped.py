@@ -30,7 +30,6 @@ AWAITING_RERUN = {
     "embed/embed.json": "python -m benchmarks.embed",
     "embed/embed-threads1.json": "python -m benchmarks.embed --threads 1 --out embed-threads1",
     "micro/micro.json": "python -m benchmarks.micro",
-    "records/records.json": "python -m benchmarks.records",
     "run/original-scale.json": "python -m benchmarks.run --images 181777 --data DATA --agents 1,4 "
                                "--allow-oom --out original-scale --methods no_cache,manager_pil,"
                                "manager_vectors,torch_save,hf_datasets,zarr_api,"

@@ -27,8 +27,6 @@ RESULTS = REPO / "benchmarks" / "results"
 #: (from the checkout, with ``.venv/bin/python``); the cold files were saved from the printed
 #: output by hand (their programs now write stamped results: timeline.json, first-read.json)
 AWAITING_RERUN = {
-    "embed/embed.json": "python -m benchmarks.embed",
-    "embed/embed-threads1.json": "python -m benchmarks.embed --threads 1 --out embed-threads1",
     "micro/micro.json": "python -m benchmarks.micro",
     "run/original-scale.json": "python -m benchmarks.run --images 181777 --data DATA --agents 1,4 "
                                "--allow-oom --out original-scale --methods no_cache,manager_pil,"

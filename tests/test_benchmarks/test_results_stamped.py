@@ -24,8 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 
 #: results measured before runs were stamped, and the command that measures them again
-#: (from the checkout, with ``.venv/bin/python``); the cold files were saved from the printed
-#: output by hand (their programs now write stamped results: timeline.json, first-read.json)
+#: (from the checkout, with ``.venv/bin/python``)
 AWAITING_RERUN = {
     "micro/micro.json": "python -m benchmarks.micro",
     "run/original-scale.json": "python -m benchmarks.run --images 181777 --data DATA --agents 1,4 "
@@ -37,16 +36,6 @@ AWAITING_RERUN = {
     "sweep/sweep-later-trials.json": "python -m benchmarks.sweep --methods hf_datasets,"
                                      "tensorstore_cache,tensorstore_cache_none "
                                      "--out sweep-later-trials",
-    "cold/timeline-baseline.txt": "python -m benchmarks.cold.cold_timeline --rounds 2 (then "
-                                  "delete this file; a baseline of older code: the same at "
-                                  "that commit, --out timeline-baseline)",
-    "cold/timeline-before.txt": "python -m benchmarks.cold.cold_timeline --rounds 2 --out "
-                                "timeline-before, with this cold_timeline.py on the library "
-                                "of commit 8efc8d2 (then delete this file)",
-    "cold/first-read.txt": "python -m benchmarks.cold.first_read --rounds 5 (then delete this "
-                           "file)",
-    "cold/first-read-baseline.txt": "the same at the commit compared against, --out "
-                                    "first-read-baseline (then delete this file)",
 }
 
 

@@ -31,7 +31,6 @@ AWAITING_RERUN = {
                                "--allow-oom --out original-scale --methods no_cache,manager_pil,"
                                "manager_vectors,torch_save,hf_datasets,zarr_api,"
                                "tensorstore_cache,raw_memmap",
-    "sweep/sweep.json": "python -m benchmarks.sweep",
     "sweep/sweep-original.json": "python -m benchmarks.sweep --scale original --data DATA --runs 1",
     "sweep/sweep-later-trials.json": "python -m benchmarks.sweep --methods hf_datasets,"
                                      "tensorstore_cache,tensorstore_cache_none "

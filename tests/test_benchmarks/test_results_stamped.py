@@ -31,9 +31,6 @@ AWAITING_RERUN = {
                                "manager_vectors,torch_save,hf_datasets,zarr_api,"
                                "tensorstore_cache,raw_memmap",
     "sweep/sweep-original.json": "python -m benchmarks.sweep --scale original --data DATA --runs 1",
-    "sweep/sweep-later-trials.json": "python -m benchmarks.sweep --methods hf_datasets,"
-                                     "tensorstore_cache,tensorstore_cache_none "
-                                     "--out sweep-later-trials",
 }
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-__all__ = ["EVENTS", "Slow", "measure"]
+__all__ = ["EVENTS", "Slow", "gone", "measure", "mid_build"]
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 GUARD_S = 120.0  # a guard against hangs, not a timing
@@ -78,7 +78,8 @@ def _pids(log: Path) -> set[int]:
         return set()
 
 
-def _gone(pid: int) -> bool:
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie waiting for its parent counts)."""
     try:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
@@ -95,7 +96,7 @@ def _wait(condition: Any, what: str) -> float:
     return time.time()
 
 
-def _mid_build(proc: subprocess.Popen[str], log: Path) -> tuple[int, set[int]]:
+def mid_build(proc: subprocess.Popen[str], log: Path) -> tuple[int, set[int]]:
     """Wait until the script's process and its pool's worker compute; their pids."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -135,7 +136,7 @@ def measure(event: str, work: Path, delay: float) -> dict[str, float]:
         cwd=CHECKOUT, env=_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         text=True, start_new_session=True)
     try:
-        builder, workers = _mid_build(proc, log)
+        builder, workers = mid_build(proc, log)
         t0 = time.time()
         _signal(event, proc, builder, workers)
         out: dict[str, float] = {}
@@ -146,7 +147,7 @@ def measure(event: str, work: Path, delay: float) -> dict[str, float]:
                 raise RuntimeError(f"{event}: the script did not handle it: {line!r}")
             out["handled_s"] = float(line.split()[1]) - t0
         everyone = {builder, *workers}
-        end = _wait(lambda: proc.poll() is not None and all(_gone(p) for p in everyone),
+        end = _wait(lambda: proc.poll() is not None and all(gone(p) for p in everyone),
                     f"{event}: processes of the build still alive")
         out["stopped_s"] = end - t0
         return out

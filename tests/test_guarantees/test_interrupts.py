@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
+from benchmarks.guarantees.interrupts import gone, mid_build
 from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs.locks import ExclusiveLock
 
@@ -91,32 +92,9 @@ def _builder(tmp_path: Path, paths: list[str]) -> Iterator[subprocess.Popen[str]
         proc.communicate(timeout=GUARD_S)
 
 
-def _mid_build(proc: subprocess.Popen[str], log: Path) -> tuple[int, set[int]]:
-    """Wait until the builder and its pool's worker compute; return their pids."""
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("BUILDER "), line
-    builder = int(line.split()[1])
-    deadline = time.monotonic() + GUARD_S
-    while len({pid for pid, _key in calls(log)}) < 2:
-        assert proc.poll() is None, "the builder exited"
-        assert time.monotonic() < deadline, "the build did not start"
-        time.sleep(0.02)
-    workers = {pid for pid, _key in calls(log)} - {builder}
-    assert len(workers) == 1
-    return builder, workers
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _wait_gone(pids: set[int]) -> None:
     start = time.monotonic()
-    while not all(_gone(p) for p in pids):
+    while not all(gone(p) for p in pids):
         assert time.monotonic() - start < GUARD_S, f"hang guard: workers still alive: {pids}"
         time.sleep(0.02)
 
@@ -139,7 +117,8 @@ def _assert_left_nothing(tmp_path: Path) -> None:
 def test_sigint_mid_build(tmp_path: Path, client_images: list[str], target: str) -> None:
     log = tmp_path / "calls.log"
     with _builder(tmp_path, client_images) as proc:
-        builder, workers = _mid_build(proc, log)
+        builder, workers = mid_build(proc, log)
+        assert len(workers) == 1, workers
         if target == "process":
             os.kill(builder, signal.SIGINT)
         else:
@@ -149,7 +128,7 @@ def test_sigint_mid_build(tmp_path: Path, client_images: list[str], target: str)
         got = re.match(r"INTERRUPTED (\S+)", line)
         assert got is not None, line + proc.stdout.read() + (proc.stderr.read() if proc.stderr else "")
         # the workers were killed and reaped before KeyboardInterrupt reached the script
-        assert all(_gone(p) for p in workers), [p for p in workers if not _gone(p)]
+        assert all(gone(p) for p in workers), [p for p in workers if not gone(p)]
         left = psutil.Process(builder).children(recursive=True)  # no helper process either
         assert left == [], left
         _assert_left_nothing(tmp_path)
@@ -167,7 +146,8 @@ def test_sigint_mid_build(tmp_path: Path, client_images: list[str], target: str)
 def test_sigterm_mid_build(tmp_path: Path, client_images: list[str]) -> None:
     log = tmp_path / "calls.log"
     with _builder(tmp_path, client_images) as proc:
-        builder, workers = _mid_build(proc, log)
+        builder, workers = mid_build(proc, log)
+        assert len(workers) == 1, workers
         os.kill(builder, signal.SIGTERM)
         assert proc.wait(GUARD_S) == -signal.SIGTERM
         _wait_gone(workers)  # within the hang guard

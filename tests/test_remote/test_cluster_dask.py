@@ -32,6 +32,7 @@ import tensorstore_cache as tsc
 from benchmarks.common.s3server import Fault, S3Process
 from tensorstore_cache.writer.tasks import ShardTask
 from tests.support._cluster import Agent, LoggedVector, computed_by, launch, spec_env
+from tests.support._workers import die_once
 
 from .test_dask import _dead
 
@@ -150,14 +151,7 @@ class KillOnce(LoggedVector):
 
     def __call__(self, key: str) -> Any:
         if key == self.victim:
-            try:
-                fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            except FileExistsError:
-                pass
-            else:
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
-                os.kill(os.getpid(), signal.SIGKILL)
+            die_once(self.marker)
         return super().__call__(key)
 
 

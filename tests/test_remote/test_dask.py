@@ -28,6 +28,7 @@ from tensorstore_cache.writer.tasks import ShardTask, run_shard
 
 from ..conftest import write_images
 from ..support import _records
+from ..support._workers import die_once
 
 N_IMAGES = 320  # five shards of 64 rows with workers=2
 
@@ -51,15 +52,7 @@ class KillOnce:
 
     def __call__(self, path: str) -> np.ndarray:
         if normalize_key(path) == self.victim:
-            try:
-                fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            except FileExistsError:
-                pass
-            else:
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
-                self._leave_debris()
-                os.kill(os.getpid(), signal.SIGKILL)
+            die_once(self.marker, before=self._leave_debris)
         return self.image(path)
 
     def _leave_debris(self) -> None:

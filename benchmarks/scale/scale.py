@@ -1,6 +1,6 @@
 """Measurements behind the scale estimates: per-core decode rate, shard writes, 10M-key index.
 
-Run ``python -m benchmarks.scale [--workdir DIR]`` (about five minutes on two cores;
+Run ``python -m benchmarks.scale [--workdir DIR]`` (about a minute on two cores;
 ``--keys 1000000`` for a quicker run). It prints one table and writes it, with the
 figures, to ``benchmarks/results/scale/scale.json`` and ``.md``, stamped with the run
 (``--results DIR``, ``--out NAME`` write them elsewhere). Every figure is measured on this

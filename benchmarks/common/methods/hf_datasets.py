@@ -8,7 +8,8 @@ dict built in the agent; batches are ``ds[rows]``.
 The vector is stored as a fixed-size list of 3,072 float32 (``List(Value("float32"),
 length=3072)``) and reshaped to ``(3, 32, 32)`` on read: of the two documented feature
 types for a fixed-shape tensor this is the faster one here (``Array3D`` read single items
-3.5-4x and batches of 256 7-13x slower in two runs of ``python -m benchmarks.run.hf_features``).
+3.0x and batches of 256 11.7x slower in ``python -m benchmarks.run.hf_features``:
+``benchmarks/results/run/hf-features.md``).
 """
 
 from __future__ import annotations

@@ -12,10 +12,8 @@ an object array of arrays, padded by :func:`pad_rows`); the epoch
 The cover is stored as a fixed-size list of 3,072 uint8 (``List(Value("uint8"),
 length=3072)``) and reshaped to ``(3, 32, 32)`` on read (``hf_datasets``): of the two
 documented feature types for a fixed-shape tensor this is the faster here, as for the
-float32 vectors of the main benchmark (:mod:`benchmarks.run.hf_features`): 5,000 records,
-``Array3D((3, 32, 32), "uint8")`` took 2.3 ms a record and 96 ms a batch of 256, the
-fixed-size list 0.65 ms and 21 ms. ``hf_datasets_array3d`` is the same method with
-``Array3D``.
+float32 vectors of the main benchmark (:mod:`benchmarks.run.hf_features`).
+``hf_datasets_array3d`` is the same method with ``Array3D``, to measure it.
 """
 
 from __future__ import annotations

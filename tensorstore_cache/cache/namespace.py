@@ -294,7 +294,12 @@ class Namespace:
             os.close(fd)
 
     def lock(self) -> ExclusiveLock:
-        """Return the namespace's build lock (not yet taken)."""
+        """Return the namespace's build lock (not yet taken).
+
+        Taking it prepares the namespace (:meth:`ensure`) before it opens the lock file;
+        whoever holds it calls :meth:`ensure` again, since gc may have removed the
+        namespace, and another process made it again, in between.
+        """
         return ExclusiveLock(self.lock_path, prepare=self.ensure if self.fp is not None else None,
                              trust=self.trust)
 

@@ -435,8 +435,9 @@ def test_a_cell_shows_its_figures_words_or_nothing() -> None:
 def _soak(r: Mapping[str, Any], key: str) -> Any:
     soak = r["soak"]
     return {"calls": soak["calls"], "vectors checked": soak["vectors_checked"],
-            "kills": soak["kills"]["total"], "builders mid-build": soak["kills"]["builder_mid_build"],
-            "pool workers": soak["kills"]["worker"], "gc)": soak["kills"].get("gc", 0),
+            "kills": soak["kills"]["total"], "builders mid-build": soak["kills"]["builder"],
+            "pool workers": soak["kills"]["worker"], "gc,": soak["kills"].get("gc", 0),
+            "callers at any moment)": soak["kills"].get("caller", 0),
             "gc runs": soak["gc_runs"], "rewrites": soak["writer"]["rewrites"],
             "wrong vectors": soak["wrong"], "stores lacking a path": soak["missing"],
             "other violations": soak["violation_total"] - soak["wrong"] - soak["missing"]}[key]
@@ -454,7 +455,8 @@ def _growth(method: str, mode: str) -> Any:
 #: it, and what the results say
 GUARANTEES: list[tuple[str, str, str, Any]] = [
     *[("`gc` and `cached()` never cross.", "", f" {key}", lambda r, key=key: _soak(r, key))
-      for key in ("calls", "vectors checked", "kills", "builders mid-build", "pool workers", "gc)",
+      for key in ("calls", "vectors checked", "kills", "builders mid-build", "pool workers", "gc,",
+                  "callers at any moment)",
                   "gc runs", "rewrites", "wrong vectors", "stores lacking a path",
                   "other violations")],
     ("`gc` and `cached()` never cross.", "the library at commit\n  ", ",",

@@ -145,13 +145,19 @@ def test_a_namespace_made_again_while_the_lock_is_opened_is_the_one_built(
     cache, log = tmp_path / "cache", tmp_path / "log"
     _cached_close(str(cache), keys[:100], str(log))
 
+    (namespace,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+
     def gc_and_remake() -> None:
         run_gc(cache, max_bytes=0, grace=0)
+        assert not namespace.exists(), "gc did not remove the namespace"
         ctx: Any = multiprocessing.get_context("spawn")
         other = ctx.Process(target=_cached_close, args=(str(cache), keys[150:151], str(log)))
         other.start()
-        other.join(120)
+        other.join(120)  # a guard against hangs, not a timing assertion
+        if other.is_alive():
+            other.kill()
         assert other.exitcode == 0
+        assert namespace.exists(), "the other caller did not make the namespace again"
 
     interfere = once(gc_and_remake)
     acquiring: list[bool] = []

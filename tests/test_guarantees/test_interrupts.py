@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import tensorstore_cache as tsc
@@ -36,8 +37,6 @@ from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs.locks import ExclusiveLock
 
 from ..support._clients import LoggedImages, calls, environment, expected, python
-
-psutil = pytest.importorskip("psutil")
 
 GUARD_S = 120  # a guard against hangs, not a timing assertion
 

@@ -36,7 +36,7 @@ import tensorstore_cache as tsc
 from benchmarks.common import make_images
 from benchmarks.common._record import Record, add_results_options
 from benchmarks.common._report import compile_sources
-from benchmarks.common._timeline import Stamps, process_started_at
+from benchmarks.common._timeline import Stamps, event_line, process_started_at
 from benchmarks.records import records_data
 from benchmarks.records.records import cover_records
 from benchmarks.records.records_methods.tsc import fields as record_fields
@@ -146,7 +146,7 @@ def _events(path: str) -> list[str]:
     out = []
     for t, pid, what in kept:
         cpu, event = what[1:].split("] ", 1)
-        out.append(f"{t:7.3f} s  pid {pid}  cpu {float(cpu):6.3f} s  {event}")
+        out.append(event_line(t, pid, cpu, event))
     return out
 
 

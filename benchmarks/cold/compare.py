@@ -36,24 +36,26 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.common._record import Record, add_results_options
+from benchmarks.common._timeline import event_lines
 
 __all__ = ["main", "stages"]
 
-_EVENT = re.compile(r"^ *([\d.]+) s  pid (\d+)  cpu +([\d.]+) s  (.*)$", re.M)
 _CPU = re.compile(r"building process ([\d.]+) s during the call, the workers it reaped ([\d.]+) s")
 
 
 def stages(output: str, load: float | None = None) -> dict[str, float]:
     """The stages of the one build whose timeline ``output`` holds (``load``: the load
     average at its start, when ``output`` does not say it)."""
-    rows = _EVENT.findall(output)
-    builder = rows[0][1]
+    rows = event_lines(output)
+    # the builder is the process of the call: a worker's start is stamped to the kernel's
+    # clock tick (10 ms), so it may be shown before the call that started it
+    builder = next(pid for _t, pid, _cpu, what in rows if what == "call")
     at: dict[tuple[str, str], tuple[float, float]] = {}
     for t, pid, cpu, what in rows:
         who = "builder" if pid == builder else "worker"
-        at.setdefault((who, what.split(" (")[0]), (float(t), float(cpu)))
+        at.setdefault((who, what.split(" (")[0]), (t, cpu or 0.0))
         if what.startswith("last stamped item"):
-            at[(who, "last stamped item")] = (float(t), float(cpu))
+            at[(who, "last stamped item")] = (t, cpu or 0.0)
     cpu = _CPU.search(output)
     assert cpu is not None, output
     helpers = sum(float(x) for x in re.findall(r"\(([\d.]+) s during the call", output))

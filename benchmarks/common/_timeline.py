@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -33,3 +34,20 @@ class Stamps:
             event = f"[{time.process_time():.3f}] {event}"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(f"{when - self.start:.3f} {os.getpid()} {event}\n")
+
+
+#: An event line of a printed timeline, ``  0.118 s  pid 27949  cpu  0.052 s  what``: the
+#: seconds since the start, the process, the CPU seconds it had used then (optional) and the
+#: event; the lines of CPU totals after the events are not event lines.
+EVENT_LINE = re.compile(r"^ *(\d+\.\d+) s  pid (\d+)  (?:cpu +(\d+\.\d+) s  )?(.*)$", re.M)
+
+
+def event_line(at: float, pid: int | str, cpu: float | str, what: str, digits: int = 3) -> str:
+    """One event line of a printed timeline (:data:`EVENT_LINE`), to ``digits`` decimals."""
+    return f"{at:{digits + 4}.{digits}f} s  pid {pid}  cpu {float(cpu):{digits + 3}.{digits}f} s  {what}"
+
+
+def event_lines(text: str) -> list[tuple[float, int, float | None, str]]:
+    """``(seconds, pid, CPU seconds or None, event)`` of every event line of ``text``."""
+    return [(float(t), int(pid), float(cpu) if cpu else None, what)
+            for t, pid, cpu, what in EVENT_LINE.findall(text)]

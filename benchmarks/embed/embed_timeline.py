@@ -31,7 +31,7 @@ import tensorstore_cache as tsc
 from benchmarks.common import make_images
 from benchmarks.common._record import Record, add_results_options
 from benchmarks.common._report import compile_sources
-from benchmarks.common._timeline import Stamps, process_started_at
+from benchmarks.common._timeline import Stamps, event_line, process_started_at
 from benchmarks.embed.embed_model import CoverEmbed, decode
 
 
@@ -104,7 +104,7 @@ def timeline(paths: list[str], threads: int | None, batch: int, workers: int) ->
             what = f"last {what} ({len(batches)} batches)"
         elif what.startswith("batch"):
             continue
-        out.append(f"{at:7.2f} s  pid {pid}  cpu {float(used):6.2f} s  {what}")
+        out.append(event_line(at, pid, used, what, digits=2))
     out.append(f"CPU: building process {cpu:.2f} s during the call, the workers it reaped "
                f"{reaped:.2f} s (the device worker and the CPU workers)")
     return out

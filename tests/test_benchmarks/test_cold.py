@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common._timeline import event_lines
+
 pytest.importorskip("pandas")  # the records' inputs are read with it
 
 REPO = Path(__file__).resolve().parents[2]
-EVENT = re.compile(r"^ *([\d.]+) s  pid (\d+)  cpu +([\d.]+) s  (.*)$", re.M)
 
 
 @pytest.mark.timeout(300)
@@ -32,13 +33,14 @@ def test_cold_timeline_stamps_both_builds_with_their_cpu(tmp_path: Path) -> None
     builds = proc.stdout.split("\nround 1, ")[1:]
     assert [b.split(":", 1)[0] for b in builds] == ["covers", "records"]
     for build in builds:
-        events = EVENT.findall(build)
-        times = [float(t) for t, _pid, _cpu, _what in events]
+        events = event_lines(build)
+        assert all(cpu is not None for _t, _pid, cpu, _what in events), build
+        times = [t for t, _pid, _cpu, _what in events]
         assert times == sorted(times), build
         # the builder is the process of the call: a worker's start is stamped to the kernel's
         # clock tick (10 ms), so it may be shown before the call that started it
         builder = next(pid for _t, pid, _cpu, what in events if what == "call")
-        mine = [(float(cpu), what) for _t, pid, cpu, what in events if pid == builder]
+        mine = [(cpu or 0.0, what) for _t, pid, cpu, what in events if pid == builder]
         assert mine[0][1] == "call" and mine[-1][1] == "returned", build
         assert [c for c, _w in mine] == sorted(c for c, _w in mine), build  # CPU only grows
         what = [w for _c, w in mine]

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks.common._timeline import event_lines
+
 from ..support.figures import REPO, TableSpec, check_cell, check_table, clean, rounded_once
 
 MIB = float(2**20)
@@ -232,15 +234,9 @@ def _remote_column(name: str) -> Any:
     return show
 
 
-#: a timeline's event line: ``  0.118 s  pid 27949  cpu  0.052 s  what`` (the CPU seconds of
-#: its process so far are optional); the lines of CPU totals after the events are not events
-EVENT = re.compile(r"\s*(\d+\.\d+) s  pid (\d+)  (?:cpu\s+\d+\.\d+ s  )?(.*)")
-
-
 def _events(lines: list[str]) -> list[tuple[float, int, str]]:
     """``(seconds, pid, what)`` of a timeline's event lines."""
-    found = (EVENT.fullmatch(line) for line in lines)
-    return [(float(m[1]), int(m[2]), m[3]) for m in found if m is not None]
+    return [(t, pid, what) for t, pid, _cpu, what in event_lines("\n".join(lines))]
 
 
 #: a stage of the cold timeline's table: which process, and the start of its event's text

@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import _report, make_images, methods
+from benchmarks.common._disk import dir_bytes
 from benchmarks.common._portable import portable
 from benchmarks.common._results import ResultsFile
 from benchmarks.common._stamp import run_stamp, stamp
-from benchmarks.common.methods._base import ITEM_BYTES, dir_bytes
+from benchmarks.common.methods._base import ITEM_BYTES
 from benchmarks.sweep import _sweep_report
 from benchmarks.sweep._node_memory import NodeMemory
 from benchmarks.sweep._sweep_agents import Job, run_lanes

@@ -16,7 +16,6 @@ agent's ``paths`` list; each method maps them to its own storage order once, in 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.common._disk import dir_bytes
 
 SIZE = (32, 32)
 ITEM_SHAPE = (3, 32, 32)
@@ -60,16 +61,6 @@ class SyntheticLoader:
         digest = hashlib.blake2b(os.fsencode(path), digest_size=8).digest()
         rng = np.random.default_rng(int.from_bytes(digest, "little"))
         return rng.random(ITEM_SHAPE, dtype=np.float32)
-
-
-def dir_bytes(path: str | os.PathLike[str]) -> int:
-    """Total size of the regular files under ``path`` (0 if it does not exist)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
 
 
 class Column(ABC):

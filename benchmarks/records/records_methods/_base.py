@@ -13,8 +13,6 @@ This module imports numpy only: it runs in every environment.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,16 +62,6 @@ def batches_of(items: Iterator[Mapping[str, Any]], size: int) -> Iterator[Batch]
             chunk = []
     if chunk:
         yield stack_records(chunk)
-
-
-def dir_bytes(path: str | os.PathLike[str]) -> int:
-    """Total size of the regular files under ``path`` (0 if it does not exist)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
 
 
 class Reader(ABC):

@@ -45,9 +45,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common._disk import dir_bytes
 from benchmarks.records import records_data
 from benchmarks.records.records_methods import get
-from benchmarks.records.records_methods._base import Batch, Reader, RecordMethod, dir_bytes
+from benchmarks.records.records_methods._base import Batch, Reader, RecordMethod
 
 DIGEST_BATCHES = 16
 DIGEST_RECORDS = 64

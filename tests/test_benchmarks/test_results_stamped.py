@@ -26,10 +26,6 @@ RESULTS = REPO / "benchmarks" / "results"
 #: results measured before runs were stamped, and the command that measures them again
 #: (from the checkout, with ``.venv/bin/python``)
 AWAITING_RERUN = {
-    "run/original-scale.json": "python -m benchmarks.run --images 181777 --data DATA --agents 1,4 "
-                               "--allow-oom --out original-scale --methods no_cache,manager_pil,"
-                               "manager_vectors,torch_save,hf_datasets,zarr_api,"
-                               "tensorstore_cache,raw_memmap",
     "sweep/sweep-original.json": "python -m benchmarks.sweep --scale original --data DATA --runs 1",
 }
 

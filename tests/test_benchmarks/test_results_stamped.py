@@ -4,11 +4,8 @@ A results file is a report, ``NAME.json``, stamped (:mod:`benchmarks.common._sta
 commit and whether the tree was dirty, the command, the machine line and the date; each
 method's own where a run was resumed), with its table ``NAME.md`` ending with the stamp's
 line, and the plots it drew (``NAME-<plot>.png``, ``NAME_timeline.png``; the main
-benchmark's ``latest`` plots keep their plain names). Nothing else is a results file.
-
-The results measured before runs were stamped are listed in :data:`AWAITING_RERUN` with the
-command that measures them again: each is an expected failure until its rerun is committed,
-and an entry whose file is stamped (or gone) must leave the list.
+benchmark's ``latest`` plots keep their plain names). Nothing else is a results file, and
+none is excused: a result measured before runs were stamped is measured again, or removed.
 """
 
 from __future__ import annotations
@@ -22,13 +19,6 @@ from benchmarks.common._stamp import unstamped
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
-
-#: results measured before runs were stamped, and the command that measures them again
-#: (from the checkout, with ``.venv/bin/python``)
-AWAITING_RERUN = {
-    "sweep/sweep-original.json": "python -m benchmarks.sweep --scale original --data DATA --runs 1",
-}
-
 
 def results_files() -> list[str]:
     return sorted(str(p.relative_to(RESULTS)) for p in RESULTS.glob("*/*") if p.is_file())
@@ -63,32 +53,13 @@ def problems(path: Path) -> list[str]:
     return [f"{', '.join(missing)} not stamped"] if missing else []
 
 
-def _awaiting(rel: str) -> str | None:
-    if rel in AWAITING_RERUN:
-        return AWAITING_RERUN[rel]
-    if rel.endswith((".md", ".png")):  # the table and plots of a report awaiting its rerun
-        report = str(Path(rel).with_suffix(".json"))
-        owner = _owner(RESULTS / rel) if rel.endswith(".png") else RESULTS / report
-        if owner is not None:
-            return AWAITING_RERUN.get(str(owner.relative_to(RESULTS)))
-    return None
-
-
-def test_there_are_results_and_every_awaited_one_is_still_there() -> None:
-    files = results_files()
-    assert "run/latest.json" in files
-    gone = [rel for rel in AWAITING_RERUN if rel not in files]
-    assert not gone, f"rerun and removed: take them out of AWAITING_RERUN: {gone}"
+def test_there_are_results() -> None:
+    assert "run/latest.json" in results_files()
 
 
 @pytest.mark.parametrize("rel", results_files())
 def test_every_results_file_names_its_run(rel: str) -> None:
     found = problems(RESULTS / rel)
-    rerun = _awaiting(rel)
-    if rerun is not None and found:
-        pytest.xfail(f"measured before runs were stamped: rerun `{rerun}` and commit it")
-    assert rerun is None or rel.endswith((".md", ".png")), \
-        f"{rel} is stamped now: take it out of AWAITING_RERUN"
     assert not found, f"{rel}: {'; '.join(found)}"
 
 

@@ -49,13 +49,17 @@ def stages(output: str, load: float | None = None) -> dict[str, float]:
     rows = event_lines(output)
     # the builder is the process of the call: a worker's start is stamped to the kernel's
     # clock tick (10 ms), so it may be shown before the call that started it
-    builder = next(pid for _t, pid, _cpu, what in rows if what == "call")
+    builder = next((pid for _t, pid, _cpu, what in rows if what == "call"), None)
+    if builder is None:
+        raise ValueError(f"no 'call' event in this build's timeline:\n{output[-2000:]}")
     at: dict[tuple[str, str], tuple[float, float]] = {}
     for t, pid, cpu, what in rows:
+        if cpu is None:
+            raise ValueError(f"an event without its CPU seconds: {what!r} of pid {pid}")
         who = "builder" if pid == builder else "worker"
-        at.setdefault((who, what.split(" (")[0]), (t, cpu or 0.0))
+        at.setdefault((who, what.split(" (")[0]), (t, cpu))
         if what.startswith("last stamped item"):
-            at[(who, "last stamped item")] = (t, cpu or 0.0)
+            at[(who, "last stamped item")] = (t, cpu)
     cpu = _CPU.search(output)
     assert cpu is not None, output
     helpers = sum(float(x) for x in re.findall(r"\(([\d.]+) s during the call", output))

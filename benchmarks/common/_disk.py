@@ -7,7 +7,18 @@ import os
 
 
 def dir_bytes(path: str | os.PathLike[str]) -> int:
-    """Total size of the regular files under ``path`` (0 if it does not exist)."""
+    """Total size of the regular files under ``path``.
+
+    Parameters
+    ----------
+    path
+        A directory (or one that does not exist: 0).
+
+    Returns
+    -------
+    int
+        The bytes of every file below it, symbolic links not followed.
+    """
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:

@@ -37,17 +37,43 @@ class Stamps:
 
 
 #: An event line of a printed timeline, ``  0.118 s  pid 27949  cpu  0.052 s  what``: the
-#: seconds since the start, the process, the CPU seconds it had used then (optional) and the
-#: event; the lines of CPU totals after the events are not event lines.
-EVENT_LINE = re.compile(r"^ *(\d+\.\d+) s  pid (\d+)  (?:cpu +(\d+\.\d+) s  )?(.*)$", re.M)
+#: seconds since the start (negative for a process start stamped to the clock tick before
+#: it), the process, the CPU seconds it had used then (optional) and the event; the lines of
+#: CPU totals after the events are not event lines.
+EVENT_LINE = re.compile(r"^ *(-?\d+\.\d+) s  pid (\d+)  (?:cpu +(\d+\.\d+) s  )?(.*)$", re.M)
 
 
 def event_line(at: float, pid: int | str, cpu: float | str, what: str, digits: int = 3) -> str:
-    """One event line of a printed timeline (:data:`EVENT_LINE`), to ``digits`` decimals."""
-    return f"{at:{digits + 4}.{digits}f} s  pid {pid}  cpu {float(cpu):{digits + 3}.{digits}f} s  {what}"
+    """One event line of a printed timeline (:data:`EVENT_LINE`).
+
+    Parameters
+    ----------
+    at
+        Seconds since the timeline's start.
+    pid
+        The process that stamped the event.
+    cpu
+        The CPU seconds that process had used then.
+    what
+        The event.
+    digits
+        Decimals of both figures (in columns 7 and 6 wide).
+    """
+    return f"{at:7.{digits}f} s  pid {pid}  cpu {float(cpu):6.{digits}f} s  {what}"
 
 
 def event_lines(text: str) -> list[tuple[float, int, float | None, str]]:
-    """``(seconds, pid, CPU seconds or None, event)`` of every event line of ``text``."""
+    """The event lines of ``text`` (:data:`EVENT_LINE`).
+
+    Parameters
+    ----------
+    text
+        A printed timeline (other lines are skipped).
+
+    Returns
+    -------
+    list of tuple
+        ``(seconds, pid, CPU seconds or None, event)`` of every event line, in order.
+    """
     return [(float(t), int(pid), float(cpu) if cpu else None, what)
             for t, pid, cpu, what in EVENT_LINE.findall(text)]

@@ -77,7 +77,11 @@ def unique_paths(data: Path) -> tuple[list[str], int]:
 
 
 def disk_check(cfg: Config) -> dict[str, Any]:
-    """Free disk under the work directory against what the run will write, at most."""
+    """Free disk under the work directory against what the run will write, at most.
+
+    The free space is that of the work directory's nearest existing directory (itself once
+    made), recorded as the work directory's: the report names no other directory.
+    """
     images = 0 if make_images.is_complete(cfg.data, cfg.images, cfg.seed) else (
         cfg.images * IMAGE_BYTES)
     n = cfg.images  # unique covers
@@ -89,7 +93,8 @@ def disk_check(cfg: Config) -> dict[str, Any]:
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    check = {"path": str(probe), "free_bytes": free, "need_bytes": need, "short": free < need}
+    check = {"path": str(cfg.workdir), "free_bytes": free, "need_bytes": need,
+             "short": free < need}
     if check["short"]:
         log(f"WARNING: {probe} has {gb(free)} free; this run may write about {gb(need)} "
             "(images, one method's cache, open-time stores): methods may fail for lack of "

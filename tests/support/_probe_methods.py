@@ -30,6 +30,8 @@ class GcAtLoad(NoCache):
 
     def load(self, state: dict[str, Any], paths: list[str], loader: Any = None) -> Column:
         counts = gc.get_count()  # first: nothing of this call counted yet
+        if PROBE_DIR not in os.environ:
+            raise RuntimeError(f"{self.name} writes to ${PROBE_DIR}: set it to a directory")
         out = Path(os.environ[PROBE_DIR])
         n = len(list(out.glob(f"gc-{os.getpid()}-*.json")))
         (out / f"gc-{os.getpid()}-{n}.json").write_text(json.dumps(counts))

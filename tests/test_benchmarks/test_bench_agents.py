@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("psutil")  # the benchmark's memory sampling
+from ..support._probe_methods import PROBE_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = "tests.support._probe_methods:GC_AT_LOAD"
-PROBE_DIR = "TSC_TEST_PROBE_DIR"  # where it writes (tests/support/_probe_methods.py)
 
 
 @pytest.mark.timeout(300)

@@ -29,7 +29,7 @@ import pytest
 from benchmarks.common import _failures, _report, _results
 from benchmarks.common._memory import available_memory, estimate_round, guard, sample
 from benchmarks.common._stamp import stamp
-from benchmarks.common.methods import METHODS
+from benchmarks.common.methods import METHODS, get
 from benchmarks.run import _rounds
 from benchmarks.run._driver import AgentError
 
@@ -222,6 +222,14 @@ def _config(**kw: Any) -> _rounds.Config:
                                 results=Path("."), methods=[], agents=[1, 4], open_sizes=[10],
                                 budget_s=0.1, quick=True, start_method="spawn", open_repeats=1)
     return _rounds.Config(**{**base, **kw})
+
+
+def test_the_disk_check_names_the_work_directory(tmp_path: Path) -> None:
+    from benchmarks.run.run import disk_check
+
+    workdir = tmp_path / "not" / "made" / "yet"  # its free space is its nearest parent's
+    check = disk_check(_config(workdir=workdir, data=tmp_path / "data"))
+    assert check["path"] == str(workdir) and check["free_bytes"] > 0
 
 
 def _ok_round(agent_anon: float, baseline_anon: float) -> dict[str, Any]:
@@ -424,6 +432,11 @@ def test_targets_that_need_a_failed_figure_say_so() -> None:
 
 def test_test_only_methods_stay_out_of_the_benchmark() -> None:
     assert not [m for m in METHODS if ":" in m or "fail" in m or "raise" in m]
+    # every test-only method says so in its summary (tests/support/_failing_methods.py,
+    # _probe_methods.py): none is registered
+    assert not [m for m in METHODS if get(m).summary.startswith("test only")]
+    for name in (KILLED, RAISES, SLEEPS, "tests.support._probe_methods:GC_AT_LOAD"):
+        assert get(name).summary.startswith("test only"), name
     text = (REPO / "benchmarks" / "README.md").read_text()
     listed = [ln.split("`")[1] for ln in text.splitlines()
               if ln.startswith("| `") and ln.count("|") == 3]

@@ -20,6 +20,7 @@ from benchmarks.common._stamp import unstamped
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 
+
 def results_files() -> list[str]:
     return sorted(str(p.relative_to(RESULTS)) for p in RESULTS.glob("*/*") if p.is_file())
 

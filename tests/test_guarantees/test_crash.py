@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -145,10 +146,13 @@ def _driver(mode: str, args: dict[str, Any]) -> dict[str, Any]:
         real = getattr(os, target_name)
         calls = [0]
         fail_at = [0]
+        counting = threading.Lock()  # the build syncs its tree from several threads at once
 
         def fake(*a: Any) -> Any:
-            calls[0] += 1
-            if fail_at[0] and (calls[0] == fail_at[0] or (always and calls[0] > fail_at[0])):
+            with counting:
+                calls[0] += 1
+                n = calls[0]
+            if fail_at[0] and (n == fail_at[0] or (always and n > fail_at[0])):
                 raise OSError(err, os.strerror(err))
             return real(*a)
 
@@ -434,15 +438,20 @@ def test_io_error_inside_cached_leaves_the_build_lock_free(
     keys = write_sources(tmp_path / "src", 20)
     real = getattr(os, call)
     held_at_error: list[bool] = []
+    first = threading.Lock()  # the build syncs its tree from several threads at once
 
     def failing(fd: int, *a: Any) -> Any:
-        if not held_at_error and ".tsc-build-" in os.readlink(f"/proc/self/fd/{fd}"):
-            (lock_path,) = cache.glob("*/lock")
-            probe = ExclusiveLock(lock_path)
-            held_at_error.append(not probe.try_acquire())
-            if not held_at_error[0]:
-                probe.release()
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if ".tsc-build-" in os.readlink(f"/proc/self/fd/{fd}"):
+            with first:
+                failed = bool(held_at_error)
+                if not failed:  # the first call into the build's directory fails, once
+                    (lock_path,) = cache.glob("*/lock")
+                    probe = ExclusiveLock(lock_path)
+                    held_at_error.append(not probe.try_acquire())
+                    if not held_at_error[0]:
+                        probe.release()
+            if not failed:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd, *a)
 
     monkeypatch.setattr(os, call, failing)

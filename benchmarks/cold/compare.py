@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.common._record import Record, add_results_options
-from benchmarks.common._timeline import event_lines
+from benchmarks.common._timeline import caller, event_lines
 
 __all__ = ["main", "stages"]
 
@@ -47,11 +47,7 @@ def stages(output: str, load: float | None = None) -> dict[str, float]:
     """The stages of the one build whose timeline ``output`` holds (``load``: the load
     average at its start, when ``output`` does not say it)."""
     rows = event_lines(output)
-    # the builder is the process of the call: a worker's start is stamped to the kernel's
-    # clock tick (10 ms), so it may be shown before the call that started it
-    builder = next((pid for _t, pid, _cpu, what in rows if what == "call"), None)
-    if builder is None:
-        raise ValueError(f"no 'call' event in this build's timeline:\n{output[-2000:]}")
+    builder = caller(rows)
     at: dict[tuple[str, str], tuple[float, float]] = {}
     for t, pid, cpu, what in rows:
         if cpu is None:

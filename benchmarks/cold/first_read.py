@@ -95,9 +95,10 @@ clock = time.perf_counter, time.process_time
 t0 = [c() for c in clock]
 store = open_()
 t1 = [c() for c in clock]
+prof = None
 if profile:
     import cProfile
-prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile()
 if prof: prof.enable()
 take(store)
 if prof: prof.disable()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def process_started_at() -> float:
@@ -77,3 +79,28 @@ def event_lines(text: str) -> list[tuple[float, int, float | None, str]]:
     """
     return [(float(t), int(pid), float(cpu) if cpu else None, what)
             for t, pid, cpu, what in EVENT_LINE.findall(text)]
+
+
+def caller(events: Sequence[tuple[Any, ...]], call: str = "call") -> int:
+    """The process that stamped ``call``: the timeline's calling process.
+
+    Not the first event's: a worker's start is stamped to the kernel's clock tick (10 ms),
+    so it may be shown before the call that started it, even below 0 s.
+
+    Parameters
+    ----------
+    events
+        Events as :func:`event_lines` gives them (or with fewer fields): the pid second,
+        the event last.
+    call
+        The calling process's first event.
+
+    Raises
+    ------
+    ValueError
+        If no event is ``call``.
+    """
+    for event in events:
+        if event[-1] == call:
+            return int(event[1])
+    raise ValueError(f"no {call!r} event in this timeline: {[e[-1] for e in events][:20]}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common._timeline import event_lines
+from benchmarks.common._timeline import caller, event_lines
 
 pytest.importorskip("pandas")  # the records' inputs are read with it
 
@@ -37,10 +37,8 @@ def test_cold_timeline_stamps_both_builds_with_their_cpu(tmp_path: Path) -> None
         assert all(cpu is not None for _t, _pid, cpu, _what in events), build
         times = [t for t, _pid, _cpu, _what in events]
         assert times == sorted(times), build
-        # the builder is the process of the call: a worker's start is stamped to the kernel's
-        # clock tick (10 ms), so it may be shown before the call that started it
-        builder = next(pid for _t, pid, _cpu, what in events if what == "call")
-        mine = [(cpu or 0.0, what) for _t, pid, cpu, what in events if pid == builder]
+        builder = caller(events)
+        mine = [(cpu, what) for _t, pid, cpu, what in events if pid == builder and cpu is not None]
         assert mine[0][1] == "call" and mine[-1][1] == "returned", build
         assert [c for c, _w in mine] == sorted(c for c, _w in mine), build  # CPU only grows
         what = [w for _c, w in mine]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.common._timeline import event_lines
+from benchmarks.common._timeline import caller, event_lines
 
 from ..support.figures import REPO, TableSpec, check_cell, check_table, clean, rounded_once
 
@@ -258,7 +258,7 @@ def _cold(kind: str, round_: int = 2) -> Any:
         (rec,) = [x for x in r["cold"]["figures"]["rounds"]
                   if x["kind"] == kind and x["round"] == round_]
         events = _events(rec["events"])
-        builder = next(pid for _t, pid, what in events if what == "call")
+        builder = caller(events)
         who, what = COLD_STAGES[stage]
         return next((t for t, pid, w in events
                      if w.startswith(what) and (pid == builder) == (who == "builder")), None)
@@ -290,11 +290,11 @@ def _embed_stage(stage: str) -> Any:
     def show(r: Mapping[str, Any], covers: int) -> Any:
         events = _embed_events(r, covers)
         at = {w: t for t, _pid, w in events}
-        caller = next(pid for _t, pid, w in events if w == "cached() called")
+        calling = caller(events, "cached() called")
         if stage == "setup":
             return [at["setup started"], at["setup ended"]]
         if stage == "pool":
-            pool = [t for t, pid, w in events if w == "first item prepared" and pid != caller]
+            pool = [t for t, pid, w in events if w == "first item prepared" and pid != calling]
             return pool[:1] or "- (all by the calling process)"
         if stage == "last":
             t, _pid, w = next(e for e in events if e[2].startswith("last batch"))

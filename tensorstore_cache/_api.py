@@ -226,7 +226,7 @@ def _resolve(
 def _on_network(root: Path) -> bool:
     """Whether ``root`` lies on a network filesystem (False when unknown or missing)."""
     try:
-        return root.exists() and network_mount(root) is not None
+        return os.path.exists(root) and network_mount(root) is not None
     except OSError:
         return False
 

@@ -11,6 +11,8 @@ elsewhere (written by another zarr writer) is still read, row by row.
 
 from __future__ import annotations
 
+import functools
+import math
 import mmap
 import os
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ __all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "writ
 _EMPTY = np.uint64(2**64 - 1)
 #: CRC32C of any bytes followed by their own CRC32C (little-endian).
 _CRC32C_RESIDUE = 0x48674BC7
+#: Dense shard indexes of at most this many rows are kept once built (1 MiB each at most).
+_KEPT_INDEX_ROWS = 65536
 
 
 def shard_file_size(rows: int, rows_per_shard: int, item_nbytes: int) -> int:
@@ -116,7 +120,7 @@ class MappedShard:
             view: npt.NDArray[np.generic] = self.rows[i, ...]
             return view
         assert self.offsets is not None and self.buffer is not None
-        count = int(np.prod(self.item_shape))
+        count = math.prod(self.item_shape)
         flat = np.frombuffer(self.buffer, self.dtype, count, int(self.offsets[i]))
         return flat.reshape(self.item_shape)
 
@@ -164,17 +168,36 @@ def open_shard(
             raise CorruptStoreError(
                 f"{path}: shard index checksum mismatch; the file is damaged", str(path)
             )
+        if rows * item_nbytes <= start and tail[: 16 * rows] == _dense(rows, item_nbytes):
+            return fd, None  # the rows lie in layout order, within the data: the usual case
         index = np.frombuffer(tail, dtype="<u8", count=2 * rows_per_shard).reshape(-1, 2)
         off, nbytes = index[:rows, 0], index[:rows, 1]
-        if rows * item_nbytes <= start and np.array_equal(
-            off, np.arange(0, rows * item_nbytes, item_nbytes, dtype="<u8")[:rows]
-        ) and bool((nbytes == item_nbytes).all()):
-            return fd, None  # the rows lie in layout order, within the data: the usual case
         _check_index(path, off, nbytes, rows, item_nbytes, start)
     except BaseException:
         os.close(fd)
         raise
     return fd, off.astype(np.int64)
+
+
+def _dense(rows: int, item_nbytes: int) -> bytes:
+    """The index entries of ``rows`` rows of ``item_nbytes`` lying in layout order from the
+    shard's start: ``(offset, nbytes)`` pairs, little-endian uint64, compared as bytes (a
+    shard's check costs no array work). Those of up to :data:`_KEPT_INDEX_ROWS` rows are
+    kept (a store's shards share a few)."""
+    if rows <= _KEPT_INDEX_ROWS:
+        return _kept_dense(rows, item_nbytes)
+    return _dense_bytes(rows, item_nbytes)
+
+
+def _dense_bytes(rows: int, item_nbytes: int) -> bytes:
+    """:func:`_dense`, built."""
+    index = np.empty((rows, 2), dtype="<u8")
+    index[:, 0] = np.arange(0, rows * item_nbytes, item_nbytes, dtype="<u8")[:rows]
+    index[:, 1] = item_nbytes
+    return index.tobytes()
+
+
+_kept_dense = functools.lru_cache(maxsize=32)(_dense_bytes)
 
 
 def _check_index(
@@ -212,6 +235,6 @@ def map_shard_fd(
     if offsets is not None:
         return MappedShard(buffer=buf, rows=None, offsets=offsets, dtype=dtype,
                            item_shape=item_shape)
-    count = rows * int(np.prod(item_shape))
+    count = rows * math.prod(item_shape)
     view = np.frombuffer(buf, dtype, count).reshape((rows, *item_shape))
     return MappedShard(buffer=buf, rows=view, offsets=None, dtype=dtype, item_shape=item_shape)

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from ..format import FieldLayout, MappedShard, map_shard_fd, open_shard
 from .budget import MappedBudget
 from .mapped import MappedArray, SegmentFiles
-from .sets import distinct
+from .sets import FEW, distinct
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["FixedArray"]
@@ -166,6 +166,13 @@ class FixedArray(MappedArray):
         vrows = self._vrows  # None if mapping found rows out of layout order
         if self._all_mapped and vrows is not None:  # the common case: one gather
             np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
+            return
+        if len(rows) <= FEW and self._budget is None:  # row by row (see FEW)
+            few = rows.tolist()
+            if not self._all_mapped:  # the batch's shards at once (a supply fetches them so)
+                self._map_files(sorted({row // self.rows_per_shard for row in few}))
+            for j, row in enumerate(few):
+                out[j] = self.row(row)
             return
         s = self.rows_per_shard
         shard_ids = rows // s

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..format import Fixed, Text
+from .sets import int_bounds
 from .view import StoreView
 
 __all__ = ["check_rows", "lengths", "take", "take_field"]
@@ -29,13 +30,13 @@ def check_rows(view: StoreView, rows: npt.ArrayLike) -> npt.NDArray[np.int64]:
     if idx.ndim != 1 or not (idx.dtype.kind in "iu" or idx.size == 0):
         raise TypeError(f"rows must be a 1-D array of integers, got shape {idx.shape} {idx.dtype}")
     n = len(view)
-    if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= n:  # before a cast wraps it
-        raise IndexError(f"row {int(idx.max())} is out of range for a store of {n} rows")
-    idx = idx.astype(np.int64, copy=False)
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        bad = idx[(idx < 0) | (idx >= n)][0]
-        raise IndexError(f"row {int(bad)} is out of range for a store of {n} rows")
-    return idx
+    if not idx.size:
+        return idx.astype(np.int64, copy=False)
+    lo, hi = int_bounds(idx)  # before a cast to int64 wraps a large unsigned row
+    if lo < 0 or hi >= n:
+        bad = next(row for row in idx.tolist() if not 0 <= row < n)
+        raise IndexError(f"row {bad} is out of range for a store of {n} rows")
+    return idx.astype(np.int64, copy=False)
 
 
 def take(view: StoreView, rows: npt.ArrayLike, out: npt.NDArray[Any] | None) -> Any:

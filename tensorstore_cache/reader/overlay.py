@@ -19,6 +19,7 @@ and :meth:`Overlay.find_many` for many, newest segment first.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -61,8 +62,9 @@ class Overlay:
         self._done = False
         self._live: list[npt.NDArray[np.int64] | None] = [None] * len(self.segments)
         self._rank: list[npt.NDArray[np.int64] | None] = [None] * len(self.segments)
-        self._offsets = np.cumsum([0, *(seg.n for seg in self.segments)], dtype=np.int64)
-        self._starts: list[int] = self._offsets.tolist()
+        self._starts: list[int] = list(itertools.accumulate((seg.n for seg in self.segments),
+                                                            initial=0))
+        self._offsets = np.array(self._starts, dtype=np.int64)
         if len(self.segments) <= 1:
             self._done = True  # one segment: nothing overrides anything
 

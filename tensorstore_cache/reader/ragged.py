@@ -27,6 +27,7 @@ every row (``verify``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
 import os
@@ -40,7 +41,7 @@ from ..errors import CorruptStoreError
 from ..format import FieldLayout, Ragged
 from ..fs import StoreWalk, map_file, open_sized
 from .mapped import MappedArray, SegmentFiles
-from .sets import int_items
+from .sets import FEW, int_bounds, int_items
 from .vmap import VirtualRows, virtual_rows_supported
 
 __all__ = ["RaggedArray"]
@@ -191,8 +192,8 @@ class RaggedArray(MappedArray):
         first, last = self.offsets[rows], self.offsets[1:][rows]
         # unsigned: with both ends within the values, an offset that decreases makes a
         # length past any total
-        if len(rows) and (int(last.max()) > self.total or int(first.max()) > self.total
-                          or int((last - first).max()) > self.total):
+        if len(rows) and (int_bounds(last)[1] > self.total or int_bounds(first)[1] > self.total
+                          or int_bounds(last - first)[1] > self.total):
             raise self._bad("offsets", "an offset decreases or passes the values")
         start: npt.NDArray[np.int64] = first.view("<i8")  # within the values: no sign to lose
         stop: npt.NDArray[np.int64] = last.view("<i8")
@@ -258,6 +259,8 @@ class RaggedArray(MappedArray):
         offsets = np.zeros(len(start) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
+        if self._budget is None and self._supply is None:
+            self._prepare(())  # a local store: every chunk, mapped once (no chunk list needed)
         if self._values is not None and self._budget is None:  # every chunk mapped: one gather
             index = np.repeat(start - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
             return np.take(self._values, index, axis=0), offsets
@@ -325,10 +328,30 @@ class RaggedArray(MappedArray):
 
     def gather(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
         """``(values, offsets from 0, shapes or None)`` of ``rows``: one gather (a copy)."""
+        if len(rows) <= FEW and self.shapes is None and self._budget is None:
+            return (*self._gather_few(rows.tolist()), None)
         start, stop = self.spans(rows)
         values, offsets = self._gather_spans(start, stop)
         shapes = None if self.shapes is None else self.shapes[rows].astype(np.int64)
         return values, offsets, shapes
+
+    def _gather_few(self, rows: list[int]) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        """:meth:`gather` of a few rows of a field without shapes, row by row (see
+        :data:`~.sets.FEW`): their offsets checked as :meth:`spans` does."""
+        starts, spans = self._starts, []
+        for row in rows:
+            start, stop = starts[row], starts[row + 1]
+            if not start <= stop <= self.total:
+                raise self._bad("offsets", "an offset decreases or passes the values")
+            spans.append((start, stop))
+        chunk = self.layout.chunk  # the batch's chunks at once (a supply fetches them so)
+        self._prepare(sorted({k for start, stop in spans if stop > start
+                              for k in range(start // chunk, (stop - 1) // chunk + 1)}))
+        offsets = list(itertools.accumulate((stop - start for start, stop in spans), initial=0))
+        out = np.empty((offsets[-1], *self.inner), self.dtype)
+        for (start, stop), at in zip(spans, offsets, strict=False):
+            out[at : at + stop - start] = self.values(start, stop)
+        return out, np.array(offsets, np.int64)
 
     def check(self) -> None:
         """Check every row's offsets (and shapes): what ``verify`` asks of a ragged field."""

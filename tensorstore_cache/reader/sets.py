@@ -1,5 +1,6 @@
 """Integer arrays as the reader's hot paths need them: their distinct values without
-``np.unique``, and their items as Python ints without a NumPy call per item.
+``np.unique``, their bounds without a NumPy reduction when they are few, and their items as
+Python ints without a NumPy call per item.
 
 ``np.unique`` imports ``numpy.ma`` on its first call (about 15 ms in a fresh process, more
 than opening a store and reading its first record together), so the reader's gathers, whose
@@ -16,10 +17,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["distinct", "int_items"]
+__all__ = ["FEW", "distinct", "int_bounds", "int_items"]
 
 # below this many values a set of Python ints beats a sort
 _SMALL = 64
+
+#: A batch of at most this many rows is read row by row, in Python: NumPy's vectorised
+#: gathers cost more for it, and their first calls in a process (each array function and
+#: ufunc pays tens of microseconds once) more than the whole read.
+FEW = 16
 
 
 def distinct(values: npt.NDArray[np.integer]) -> list[int]:
@@ -38,6 +44,22 @@ def distinct(values: npt.NDArray[np.integer]) -> list[int]:
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     out: list[int] = ordered[keep].tolist()
     return out
+
+
+def int_bounds(values: npt.NDArray[np.integer]) -> tuple[int, int]:
+    """The least and the greatest of the non-empty 1-d integer array ``values``, as ints:
+    a few values by Python's ``min`` and ``max`` (a NumPy reduction's first call in a
+    process costs more than a small batch's whole read), more by NumPy.
+
+    Examples
+    --------
+    >>> int_bounds(np.array([3, 1, 2]))
+    (1, 3)
+    """
+    if len(values) <= _SMALL:
+        items = values.tolist()
+        return min(items), max(items)
+    return int(values.min()), int(values.max())
 
 
 def int_items(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[int]:

@@ -30,6 +30,7 @@ The result holds ``status``: ``ok``, ``error`` (with the traceback) or ``not ins
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib
 import json
@@ -113,6 +114,9 @@ def consume(batches: Iterable[Batch]) -> dict[str, Any]:
 def _open(method: RecordMethod, job: Mapping[str, Any]) -> tuple[Reader, float]:
     if not job.get("concurrent"):  # readers alive at once: the driver cleaned up before them
         method.before_open()
+    # the collection this process's setup (imports, the job) made due is not the method's:
+    # without this, whether it lands inside a method's open depends on its imports
+    gc.collect()
     t0 = time.perf_counter()
     reader = method.open(Path(job["out"]), job.get("built") or {})
     reader.first()

@@ -1,0 +1,102 @@
+"""A take of a few rows is read row by row (``reader.sets.FEW``): the same batch as the
+vectorised gather of more rows, the same checks, and bounds found without NumPy reductions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorstore_cache as tsc
+from tensorstore_cache.errors import CorruptStoreError
+from tensorstore_cache.reader.sets import FEW, int_bounds
+
+from ..support._records import build_box_store, number_vector, write_sources
+
+
+@pytest.mark.parametrize("n", [1, 2, 64, 65, 1000])
+@pytest.mark.parametrize("dtype", ["int64", "uint64", "int32"])
+def test_int_bounds_are_numpys_min_and_max(n: int, dtype: str) -> None:
+    info = np.iinfo(dtype)
+    values = np.random.default_rng(n).integers(info.min, info.max, size=n, dtype=dtype,
+                                               endpoint=True)
+    lo, hi = int_bounds(values)
+    assert (lo, hi) == (int(values.min()), int(values.max()))
+    assert type(lo) is int and type(hi) is int
+
+
+def _rows(batch: Any, k: int) -> list[Any]:
+    """The first ``k`` rows of a batch (an array, a Ragged batch, a list of str, or a dict of
+    them), one by one."""
+    if isinstance(batch, dict):
+        return [{name: value for name, value in zip(batch, row, strict=True)}
+                for row in zip(*(_rows(v, k) for v in batch.values()), strict=True)]
+    return [batch[i] for i in range(k)]
+
+
+def _same(a: Any, b: Any) -> None:
+    """Two rows of a store (arrays, str, or dicts of them) are equal, dtype and shape too."""
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for name in a:
+            _same(a[name], b[name])
+    elif isinstance(a, str):
+        assert a == b
+    else:
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype and a.shape == b.shape
+
+
+def _tensor_store(base: Path) -> Path:
+    paths = write_sources(base / "src", 300)
+    root = base / "t.tsc"
+    tsc.build_store(paths, root, loader=number_vector, loader_id="vec/1", workers=1,
+                    progress=False, shard_bytes=512).close()
+    return root
+
+
+@pytest.mark.parametrize("kind", ["records", "tensors"])
+def test_a_few_rows_are_the_rows_of_a_larger_batch(tmp_path: Path, kind: str) -> None:
+    root = build_box_store(tmp_path, 300)[1] if kind == "records" else _tensor_store(tmp_path)
+    rng = np.random.default_rng(0)
+    few_batches = [np.array([7]), np.array([299, 0, 299]), rng.integers(0, 300, FEW),
+                   np.array([], np.int64), np.array([5, 5], np.uint32)]
+    for few in few_batches:
+        with tsc.open_store(root) as fresh, tsc.open_store(root) as other:
+            # the few rows first, in a fresh store (nothing mapped yet), and among more rows
+            got = _rows(fresh.take(few), len(few))
+            padding = rng.integers(0, 300, 2 * FEW)
+            many = other.take(np.concatenate([few.astype(np.int64), padding]))
+            assert len(got) == len(few)
+            for row, expected in zip(got, _rows(many, len(few)), strict=True):
+                _same(row, expected)
+            again = _rows(fresh.take(few), len(few))  # and again, every file mapped
+            for row, expected in zip(again, got, strict=True):
+                _same(row, expected)
+
+
+def test_a_few_rows_out_of_range_are_refused_by_the_first_bad_one(tmp_path: Path) -> None:
+    root = _tensor_store(tmp_path)
+    with tsc.open_store(root) as store:
+        with pytest.raises(IndexError, match="row 300 is out of range"):
+            store.take(np.array([3, 300, -1]))
+        with pytest.raises(IndexError, match="row -1 is out of range"):
+            store.take(np.array([3, -1, 300]))
+        with pytest.raises(IndexError, match=f"row {2**64 - 1} is out of range"):
+            store.take(np.array([2**64 - 1], np.uint64))
+
+
+def test_a_few_rows_with_a_decreasing_offset_are_refused(tmp_path: Path) -> None:
+    _paths, root = build_box_store(tmp_path, 300)
+    offsets = root / "fields" / "title_ids" / "offsets" / "c" / "0"
+    raw = bytearray(offsets.read_bytes())
+    values = np.frombuffer(raw, "<u8")
+    raw[8 * 11 : 8 * 12] = int(values[10] - 1).to_bytes(8, "little")  # row 10 ends before it starts
+    offsets.write_bytes(bytes(raw))
+    assert not tsc.verify_store(root).ok  # the store's checksums see it, at verify
+    with tsc.open_store(root) as store:
+        for rows in (np.array([10]), np.arange(10, 10 + 2 * FEW)):  # row by row, and vectorised
+            with pytest.raises(CorruptStoreError, match="an offset decreases or passes the values"):
+                store.field("title_ids").take(rows)

@@ -52,6 +52,7 @@ class Config:
     agent_timeout_s: float = AGENT_TIMEOUT_S
     allow_oom: bool = False
     first_rounds: int = 5
+    batch_rounds: int = 5
     verify_rows: list[int] = field(default_factory=list)
 
 

@@ -14,7 +14,10 @@ method of :mod:`benchmarks.common.methods`, in fresh ``spawn``-ed agent processe
 - then every method's first agent again, in ``--first-rounds`` interleaved rounds (each round
   in a rotated order, each agent on an empty cache): the first agent's time is the median of
   the rounds, reported with every round's time, the spread and the agent's CPU seconds
-  (see :mod:`benchmarks.run._first_rounds`).
+  (see :mod:`benchmarks.run._first_rounds`);
+- then the random batches of the methods the batch target compares, in ``--batch-rounds``
+  interleaved rounds (each method's cache built once, a fresh later agent per round): their
+  rate is the median of the rounds (see :mod:`benchmarks.run._batch_rounds`).
 
 A method whose agent is killed (the kernel's OOM killer included), raises, or runs
 past ``--agent-timeout`` has that round recorded as its result (status, signal, last
@@ -47,7 +50,7 @@ from benchmarks.common._memory import available_memory, gb
 from benchmarks.common._results import ResultsFile
 from benchmarks.common._stamp import now, run_stamp
 from benchmarks.common.methods._base import ITEM_BYTES
-from benchmarks.run import _first_rounds, _plots
+from benchmarks.run import _batch_rounds, _first_rounds, _plots
 from benchmarks.run._driver import AGENT_TIMEOUT_S, set_start_method
 from benchmarks.run._rounds import (
     Config,
@@ -143,6 +146,10 @@ def parse(argv: list[str] | None) -> Config:
                         help="interleaved rounds of every method's first agent, whose median is "
                         "the first agent's time (default 5; quick 2; 0: only the single first "
                         "agent measured with each method's other rounds)")
+    parser.add_argument("--batch-rounds", type=int, default=None,
+                        help="interleaved rounds of the random batches of the methods the batch "
+                        "target compares, whose median is their rate (default 5; quick 2; 0: "
+                        "only the single rate measured with each method's other rounds)")
     parser.add_argument("--start-method", choices=("spawn", "forkserver"), default=None,
                         help="how agents start (default spawn: fresh interpreters; "
                         "--quick defaults to forkserver, which starts them in milliseconds)")
@@ -170,8 +177,10 @@ def parse(argv: list[str] | None) -> Config:
     start = args.start_method or ("forkserver" if quick else "spawn")
     repeats = args.open_repeats or (1 if quick else 3)
     first_rounds = args.first_rounds if args.first_rounds is not None else (2 if quick else 5)
-    if first_rounds < 0:
-        parser.error(f"--first-rounds must be >= 0, got {first_rounds}")
+    batch_rounds = args.batch_rounds if args.batch_rounds is not None else (2 if quick else 5)
+    for flag, rounds in (("--first-rounds", first_rounds), ("--batch-rounds", batch_rounds)):
+        if rounds < 0:
+            parser.error(f"{flag} must be >= 0, got {rounds}")
     if args.agent_timeout <= 0:
         parser.error(f"--agent-timeout must be > 0 seconds, got {args.agent_timeout:g}")
     try:
@@ -180,7 +189,7 @@ def parse(argv: list[str] | None) -> Config:
         parser.error(f"--out: {exc}")
     return Config(images, args.seed, workdir, data, files.directory, names, agents, sizes,
                   budget, quick, start, repeats, files.name, args.resume, args.agent_timeout,
-                  args.allow_oom, first_rounds)
+                  args.allow_oom, first_rounds, batch_rounds)
 
 
 def _config_dict(cfg: Config) -> dict[str, Any]:
@@ -239,15 +248,16 @@ def main(argv: list[str] | None = None) -> int:
         env["runs"] = [{"date": env["date"], "command": env["command"], "resumed": False}]
         report = {"env": env, "config": _config_dict(cfg), "methods": {}, "open_vs_n": {},
                   "targets": {}}
-    count = len(report["methods"]), bool(report.get("first_rounds"))
+    count = _measured(report)
     try:
         _measure(cfg, report, files, started, paths, paths_file, run)
         _rounds_of_first_agents(cfg, report, files, started, paths, paths_file, run)
+        _rounds_of_batches(cfg, report, files, started, paths, paths_file, run)
     except KeyboardInterrupt:
         log(f"interrupted: {files.json} holds the methods measured so far "
             f"({', '.join(report['methods']) or 'none'}); --resume goes on from there")
         return 130
-    if previous and (len(report["methods"]), bool(report.get("first_rounds"))) == count:
+    if previous and _measured(report) == count:
         report["env"]["runs"].pop()  # nothing measured: the tables and plots are redrawn
         log(f"{files.json}: every method is measured; tables and plots redrawn")
         text = _save(report, files, None, cfg, run)
@@ -299,9 +309,34 @@ def _rounds_of_first_agents(cfg: Config, report: dict[str, Any], files: ResultsF
     _save(report, files, started, cfg, run)
 
 
+def _rounds_of_batches(cfg: Config, report: dict[str, Any], files: ResultsFile,
+                       started: float, paths: list[str], paths_file: str,
+                       run: dict[str, Any]) -> None:
+    """The interleaved rounds of the random batches of the methods the batch target
+    compares (kept as they are by ``--resume`` when they hold them all); their rates become
+    the medians."""
+    names = [m for m in _batch_rounds.METHODS if m in report["methods"]]
+    done = report.get("batch_rounds") or {}
+    if cfg.batch_rounds < 1 or len(names) < 2 or set(done.get("methods", {})) == set(names):
+        return
+    log(f"random batches, {cfg.batch_rounds} interleaved rounds of {', '.join(names)}")
+    report["batch_rounds"] = _batch_rounds.batch_rounds(cfg, names, paths, paths_file)
+    _batch_rounds.apply(report["methods"], report["batch_rounds"])
+    _save(report, files, started, cfg, run)
+
+
+def _measured(report: dict[str, Any]) -> tuple[int, bool, bool]:
+    """What a run has measured: its methods, and whether each kind of rounds ran."""
+    return (len(report["methods"]), bool(report.get("first_rounds")),
+            bool(report.get("batch_rounds")))
+
+
 def _markdown(report: dict[str, Any]) -> str:
-    """The report's markdown, with the section of the first agents' rounds."""
-    return _report.markdown(report, lambda r: _first_rounds.markdown(r.get("first_rounds")))
+    """The report's markdown, with the sections of the first agents' and the batches'
+    rounds."""
+    return _report.markdown(report, lambda r: [
+        *_first_rounds.markdown(r.get("first_rounds")),
+        *_batch_rounds.markdown(r.get("batch_rounds"))])
 
 
 def _save(report: dict[str, Any], files: ResultsFile, started: float | None,

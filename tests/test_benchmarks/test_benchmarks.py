@@ -99,6 +99,16 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
         rec = report["methods"][name]
         assert rec["first_agent_s"] == per["median_s"], name  # the targets compare medians
         assert rec["first_agent_once_s"] > 0, name
+    # the batches the target compares again, in 2 interleaved rounds: their medians count
+    batch = report["batch_rounds"]
+    pair = ["tensorstore_cache", "raw_memmap"]
+    assert batch["rounds"] == 2 and batch["orders"] == [pair, pair[::-1]]
+    for name, per in batch["methods"].items():
+        assert len(per["items_per_s"]) == 2 and per["failures"] == [], (name, per)
+        assert all(v > 0 for v in per["items_per_s"]), (name, per)
+        rec = report["methods"][name]
+        assert rec["batch_items_per_s"] == per["median_items_per_s"], name
+        assert rec["batch_items_once_per_s"] > 0, name
     env = report["env"]
     assert env["cores"] >= 1 and env["ram_bytes"] > 0 and env["cpu"] and env["python"]
     for pkg in ("numpy", "torch", "zarr", "datasets"):
@@ -115,6 +125,7 @@ def test_report_has_every_method_and_figure(quick_run: tuple[Path, Path, str]) -
         assert f"| {name} |" in table
     assert "weights_only=False" in table
     assert "## First agents, 2 interleaved rounds" in table
+    assert "## Random batches of 256, 2 interleaved rounds" in table
     # written as anyone can rerun it: no directory of this machine, the command included
     assert (report["config"]["workdir"], report["config"]["results"]) == ("<workdir>", "<results>")
     assert "--workdir <workdir> --results <results>" in report["env"]["command"]

@@ -175,3 +175,29 @@ def test_first_agents_rounds_rotate_and_their_median_is_the_figure() -> None:
     assert got["first_agent_vs_hf_datasets"]["value"] == pytest.approx(0.7)
     _first_rounds.apply(results, rounds)  # again (a resumed run): the single figure stays
     assert results["tensorstore_cache"]["first_agent_once_s"] == 9.0
+
+
+def test_batch_rounds_median_is_the_batch_figure_and_the_target_compares_it() -> None:
+    from benchmarks.common._report import targets
+    from benchmarks.run import _batch_rounds
+
+    results = {n: {"batch_items_per_s": 500_000.0, "rounds": {"1": {"status": "ok"}}}
+               for n in _batch_rounds.METHODS}
+    rounds = {"rounds": 3, "orders": [list(_batch_rounds.METHODS)], "methods": {
+        "tensorstore_cache": {"items_per_s": [960e3, 940e3, 990e3], "failures": [],
+                              "median_items_per_s": 960e3, "min_items_per_s": 940e3,
+                              "max_items_per_s": 990e3},
+        "raw_memmap": {"items_per_s": [1e6, None, 1e6], "failures": ["round 2: error: x"],
+                       "median_items_per_s": 1e6, "min_items_per_s": 1e6,
+                       "max_items_per_s": 1e6}}}
+    _batch_rounds.apply(results, rounds)
+    assert results["tensorstore_cache"]["batch_items_per_s"] == 960e3
+    assert results["tensorstore_cache"]["batch_items_once_per_s"] == 500e3
+    got = targets(results, {}, [])["batch_vs_raw_memmap"]
+    assert got["value"] == pytest.approx(0.96) and got["status"] == "PASS"
+    _batch_rounds.apply(results, rounds)  # again (a resumed run): the single figure stays
+    assert results["tensorstore_cache"]["batch_items_once_per_s"] == 500e3
+    text = "\n".join(_batch_rounds.markdown(rounds))
+    assert "| tensorstore_cache | 960k | 940k | 990k | 5% | 960k, 940k, 990k |" in text
+    assert "tensorstore_cache / raw_memmap, each round: 0.960, -, 0.990." in text
+    assert "- raw_memmap, round 2: error: x" in text

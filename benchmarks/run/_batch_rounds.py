@@ -1,0 +1,151 @@
+"""Random batches again, in interleaved rounds: the methods the batch target compares.
+
+A method's random batches of 256 are measured once by its later agent in
+:func:`benchmarks.run._rounds.bench_method`, one method after the other: two one-second
+rates taken minutes apart, on a shared machine, differ by more than the 5 % the target
+allows. :func:`batch_rounds` builds each method's cache once (``prepare`` and a first agent,
+not timed), then measures ``R`` rounds, each round taking the methods in a rotated order
+(round ``r`` starts with method ``r``), each measurement a fresh later agent that loads,
+makes a full pass (as the later agent does before its batches) and times the same batches.
+A method's ``batch_items_per_s`` becomes the median of its rounds (the single measurement
+is kept as ``batch_items_once_per_s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import statistics
+from collections.abc import Iterator
+from typing import Any
+
+from benchmarks.common import methods
+from benchmarks.common._failures import driver_error
+from benchmarks.common._interleave import order
+from benchmarks.run._driver import AgentError, run_round
+from benchmarks.run._rounds import Config, log
+
+__all__ = ["METHODS", "apply", "batch_rounds", "markdown"]
+
+#: The methods whose batches the target compares (``tensorstore_cache / raw_memmap``).
+METHODS = ("tensorstore_cache", "raw_memmap")
+
+
+def _agent(job: dict[str, Any], servers: list[int], cfg: Config, tasks: list[str]) -> dict[str, Any]:
+    """One agent of ``job`` doing ``tasks``: its result, or its failure record."""
+    try:
+        (res,), _ = run_round([dict(job, tasks=tasks)], servers, timeout_s=cfg.agent_timeout_s)
+    except AgentError as exc:
+        return exc.failure or {"status": "error", "text": f"error: {exc}"}
+    return {"status": "ok", **res}
+
+
+@contextlib.contextmanager
+def _caches(cfg: Config, names: list[str], paths: list[str],
+            paths_file: str) -> Iterator[dict[str, Any]]:
+    """Every method's cache, built once (a first agent), as ``name -> (job, servers)``, or
+    the failure that left it out; torn down at the end."""
+    ready: dict[str, Any] = {}
+    try:
+        for name in names:
+            method = methods.get(name)
+            workdir = cfg.workdir / "batch-rounds" / name.replace(":", "-")
+            try:
+                state = method.prepare(workdir, paths)
+                servers = method.server_pids(state)
+            except Exception as exc:
+                ready[name] = driver_error("prepare", exc)
+                continue
+            job = {"method": name, "state": state, "paths_file": paths_file, "seed": cfg.seed,
+                   "budget_s": cfg.budget_s}
+            built = _agent(job, servers, cfg, ["load"])
+            ready[name] = (job, servers) if built["status"] == "ok" else built
+        yield ready
+    finally:
+        for name in names:
+            methods.get(name).teardown()
+            shutil.rmtree(cfg.workdir / "batch-rounds" / name.replace(":", "-"),
+                          ignore_errors=True)
+
+
+def batch_rounds(cfg: Config, names: list[str], paths: list[str],
+                 paths_file: str) -> dict[str, Any]:
+    """``cfg.batch_rounds`` rounds of the random batches of ``names``, interleaved.
+
+    Returns ``{"rounds": R, "orders": [[method, ...] per round], "methods": {name:
+    {"items_per_s": [rate or None per round], "failures": [text, ...],
+    "median_items_per_s", "min_items_per_s", "max_items_per_s"}}}``.
+    """
+    out: dict[str, Any] = {"rounds": cfg.batch_rounds, "orders": [],
+                           "methods": {n: {"items_per_s": [], "failures": []} for n in names}}
+    with _caches(cfg, names, paths, paths_file) as ready:
+        for r in range(cfg.batch_rounds):
+            ordered = order(names, r)
+            out["orders"].append(ordered)
+            for name in ordered:
+                per, cache = out["methods"][name], ready[name]
+                got = (_agent(cache[0], cache[1], cfg, ["load", "full_pass", "batches"])
+                       if isinstance(cache, tuple) else cache)
+                if got["status"] == "ok":
+                    per["items_per_s"].append(got["batches"]["items_per_s"])
+                    log(f"{name}: random batches, round {r + 1}/{cfg.batch_rounds}: "
+                        f"{got['batches']['items_per_s']:,.0f} items/s")
+                else:
+                    per["items_per_s"].append(None)
+                    per["failures"].append(f"round {r + 1}: {got['text']}")
+                    log(f"{name}: random batches, round {r + 1}: {got['text']}")
+    for per in out["methods"].values():
+        ok = [v for v in per["items_per_s"] if v is not None]
+        per["median_items_per_s"] = statistics.median(ok) if ok else None
+        per["min_items_per_s"] = min(ok) if ok else None
+        per["max_items_per_s"] = max(ok) if ok else None
+    return out
+
+
+def apply(results: dict[str, Any], rounds: dict[str, Any]) -> None:
+    """Make each method's ``batch_items_per_s`` the median of its rounds (the single
+    measurement kept as ``batch_items_once_per_s``)."""
+    for name, per in rounds.get("methods", {}).items():
+        rec = results.get(name)
+        if rec is None or per.get("median_items_per_s") is None:
+            continue
+        if "batch_items_once_per_s" not in rec:
+            rec["batch_items_once_per_s"] = rec.get("batch_items_per_s")
+        rec["batch_items_per_s"] = per["median_items_per_s"]
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e3:,.0f}k"
+
+
+def markdown(rounds: dict[str, Any] | None) -> list[str]:
+    """The section of the rounds: each method's median, spread and rounds, and the ratio of
+    the first method's rate to the second's in every round."""
+    if not rounds or not rounds.get("methods"):
+        return []
+    per_method = rounds["methods"]
+    names = list(per_method)
+    lines = ["", f"## Random batches of 256, {rounds['rounds']} interleaved rounds", "",
+             "Each method's cache built once, then a fresh later agent per round that loads, "
+             "makes a full pass and times the same random batches for the rate budget, each "
+             "round in a rotated order (round 1: " + ", ".join(rounds["orders"][0] if
+                                                            rounds["orders"] else []) + "); "
+             "items/s. The table above and the target take the medians.", "",
+             "| method | median items/s | min | max | spread | each round |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, per in per_method.items():
+        med, lo, hi = (per.get(k) for k in ("median_items_per_s", "min_items_per_s",
+                                             "max_items_per_s"))
+        spread = "-" if not med or lo is None or hi is None else f"{(hi - lo) / med:.0%}"
+        each = ", ".join(_rate(v) for v in per["items_per_s"])
+        lines.append(f"| {name} | {_rate(med)} | {_rate(lo)} | {_rate(hi)} | {spread} "
+                     f"| {each} |")
+    if len(names) == 2:
+        a, b = (per_method[n]["items_per_s"] for n in names)
+        each = ", ".join("-" if x is None or not y else f"{x / y:.3f}"
+                         for x, y in zip(a, b, strict=False))
+        lines += ["", f"{names[0]} / {names[1]}, each round: {each}."]
+    for name, per in per_method.items():
+        for text in per.get("failures", []):
+            lines.append(f"- {name}, {text}")
+    return lines

@@ -19,6 +19,7 @@ instead of an ``IndexError`` or a wrong answer, and opening stays ``O(1)``.
 from __future__ import annotations
 
 import bisect
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +227,11 @@ class KeyIndex:
         self._off_mv = int_items(self.key_offsets, "Q")
         self._kb_mv = self.key_bytes.data
         self._kb_len = len(self._kb_mv)
+        mapped = getattr(self.key_bytes.base, "obj", None)
+        #: what a single lookup slices a stored key from: the mapped file itself when the key
+        #: bytes are all of it (its slice is bytes, compared by memcmp: cheaper than a view's)
+        self._kb_slices: Any = (mapped if isinstance(mapped, mmap.mmap)
+                                and len(mapped) == self._kb_len else self._kb_mv)
         #: The first position of every hash bucket and the shift that gives a key's bucket,
         #: made at the first single lookup (:meth:`_bucket_table`)
         self._buckets: tuple[Sequence[int], int] | None = None
@@ -280,7 +286,7 @@ class KeyIndex:
         mv = self._hash_mv
         # C-speed over the mapped hashes of the key's bucket (cheaper than any guess)
         pos = _bisect_left(mv, h, table[bucket], table[bucket + 1])
-        n, kb, off = self.n, self._kb_mv, self._off_mv
+        n, kb, off = self.n, self._kb_slices, self._off_mv
         while pos < n and mv[pos] == h:
             row = self._row_mv[pos]
             if not 0 <= row < n:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Record"]
+__all__ = ["Record", "record_of"]
 
 
 class Record(Mapping[str, Any]):
@@ -77,3 +77,12 @@ class Record(Mapping[str, Any]):
 #: Sets a record's values, past its ``__setattr__`` (which refuses every attribute): the
 #: slot's own setter, bound once (the reader makes a record per key it reads).
 _set_values = Record._values.__set__  # type: ignore[attr-defined]
+_new = object.__new__
+
+
+def record_of(values: dict[str, Any]) -> Record:
+    """``Record(values)`` without a call of ``__init__``: what the reader makes for every key
+    it reads."""
+    record: Record = _new(Record)
+    _set_values(record, values)
+    return record

@@ -71,6 +71,9 @@ class RaggedArray(MappedArray):
             self._index("shapes", self.n, "<i4", (self.n, k), walk) if self.flat else None
         )
         self._starts = int_items(self.offsets, "Q")  # a row's offsets as ints: no NumPy call
+        #: a row is its slice of the values as it is: 1-d numbers, every chunk kept mapped
+        self._plain = self.shapes is None and not self.inner and not self._text and (
+            self._budget is None)
         if self.n and int(self.offsets[-1]) != self.total:
             raise self._bad("offsets", f"its last offset is {int(self.offsets[-1])}, not the "
                             f"{self.total} values the store records")
@@ -313,11 +316,14 @@ class RaggedArray(MappedArray):
         start, stop = starts[row], starts[row + 1]
         if not 0 <= start <= stop <= self.total:
             raise self._bad("offsets", "an offset decreases or passes the values")
+        every = self._values
+        if every is not None and self._plain:  # the common case: a view of its slice
+            return every[start:stop]
         if self.shapes is not None:
             sizes = self.shapes[row].tolist()
             if min(sizes) < 0 or self._fixed_elems() * math.prod(sizes) != stop - start:
                 raise self._bad("shapes", "a row's shape does not hold its values")
-        every = self._values  # values(), inlined for the common case
+        # values(), inlined
         view = every[start:stop] if every is not None and self._budget is None else self.values(
             start, stop)
         if self._text:

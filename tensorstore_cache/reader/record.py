@@ -1,29 +1,31 @@
 """A record of a store: its fields' values by name, read-only.
 
-``store[key]`` of a store of records is a :class:`Record`: a
-:class:`~collections.abc.Mapping` from field name to value, each value also
-an attribute (``rec.image is rec["image"]``). Fixed and ragged values are
-copy-on-write views of the mapped files (a scalar field is a 0-d view), text
-values are ``str``; nothing is copied.
+``store[key]`` of a store of records is a :class:`Record`: a read-only
+``dict`` (so a :class:`~collections.abc.Mapping`) from field name to value,
+each value also an attribute (``rec.image is rec["image"]``). Fixed and ragged
+values are copy-on-write views of the mapped files (a scalar field is a 0-d
+view), text values are ``str``; nothing is copied. Reading a field is a
+``dict`` lookup, in C.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-__all__ = ["Record", "record_of"]
+__all__ = ["Record"]
+
+_READ_ONLY = "a record is read-only (its values are views of the store's files)"
 
 
-class Record(Mapping[str, Any]):
+class Record(dict[str, Any]):
     """The fields of one key, read-only: ``rec["image"]``, ``rec.image``, ``dict(rec)``.
 
     Parameters
     ----------
     values
-        Each field's value, by name, in schema order (kept, not copied).
+        Each field's value, by name, in schema order.
 
     Examples
     --------
@@ -34,33 +36,45 @@ class Record(Mapping[str, Any]):
     True
     """
 
-    __slots__ = ("_values",)
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        _set_values(self, values)  # past __setattr__, which refuses every attribute
-
-    def __getitem__(self, name: str) -> Any:
-        return self._values[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
+    __slots__ = ()
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return self._values[name]
+            return self[name]
         except KeyError:
             raise AttributeError(
-                f"this record has no field {name!r}; its fields are {list(self._values)}"
+                f"this record has no field {name!r}; its fields are {list(self)}"
             ) from None
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("a record is read-only (its values are views of the store's files)")
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        raise AttributeError(_READ_ONLY)
 
-    def __setitem__(self, name: str, value: Any) -> None:
-        raise TypeError("a record is read-only (its values are views of the store's files)")
+    def __setitem__(self, name: str, value: Any) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    def __delitem__(self, name: str) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    def __ior__(self, other: Any) -> NoReturn:  # type: ignore[misc]
+        raise TypeError(_READ_ONLY)
+
+    def clear(self) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    def pop(self, *args: Any) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    def popitem(self) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    def setdefault(self, *args: Any) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    def update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(_READ_ONLY)
+
+    def __reduce__(self) -> tuple[type[Record], tuple[dict[str, Any]]]:
+        return Record, (dict(self),)
 
     def __repr__(self) -> str:
         def show(v: Any) -> str:
@@ -68,21 +82,7 @@ class Record(Mapping[str, Any]):
                 return f"array({v.shape}, {v.dtype})" if v.ndim else repr(v.item())
             return repr(v)
 
-        return "Record(" + ", ".join(f"{k}={show(v)}" for k, v in self._values.items()) + ")"
+        return "Record(" + ", ".join(f"{k}={show(v)}" for k, v in self.items()) + ")"
 
     def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *self._values})
-
-
-#: Sets a record's values, past its ``__setattr__`` (which refuses every attribute): the
-#: slot's own setter, bound once (the reader makes a record per key it reads).
-_set_values = Record._values.__set__  # type: ignore[attr-defined]
-_new = object.__new__
-
-
-def record_of(values: dict[str, Any]) -> Record:
-    """``Record(values)`` without a call of ``__init__``: what the reader makes for every key
-    it reads."""
-    record: Record = _new(Record)
-    _set_values(record, values)
-    return record
+        return sorted({*super().__dir__(), *self})

@@ -39,7 +39,7 @@ from .fixed import FixedArray
 from .keyindex import KeyIndex
 from .mapped import SegmentFiles, prefetched
 from .ragged import RaggedArray
-from .record import Record, record_of
+from .record import Record
 from .supply import ShardSupply
 
 __all__ = ["Segment"]
@@ -192,7 +192,7 @@ class Segment:
 
     def record(self, row: int) -> Record:
         """The record of ``row`` (a store of records): every field's value, in schema order."""
-        return record_of({name: value(row) for name, value in self._rows})
+        return Record({name: value(row) for name, value in self._rows})
 
     @property
     def vectors(self) -> FixedArray:

@@ -266,10 +266,11 @@ class CacheStore:
             encoded = path.encode("utf-8", "surrogateescape")  # encode_key, inlined
             row = find(encoded, hash_key(encoded))
             if row >= 0:
+                record = self._single_record
+                if record is not None:
+                    return record(row)
                 single = self._single
-                if single is None:  # a record
-                    assert self._single_record is not None
-                    return self._single_record(row)
+                assert single is not None
                 every = single.all_rows  # FixedArray.row, inlined for the common case
                 return every[row, ...] if every is not None else single.row(row)
         key = normalize_key(path)

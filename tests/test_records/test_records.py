@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import pickle
@@ -74,6 +75,19 @@ def test_a_record_is_a_read_only_mapping_of_copy_on_write_views(
         rec["image"] = np.zeros(1)
     with pytest.raises(AttributeError, match="no field 'nope'"):
         rec.nope  # noqa: B018
+    # a read-only dict: every way of changing it refused, nothing changed
+    changes = [lambda r: r.__delitem__("image"), lambda r: r.pop("image"), lambda r: r.popitem(),
+               lambda r: r.clear(), lambda r: r.update(image=1), lambda r: r.setdefault("x", 1),
+               lambda r: r.__ior__({"x": 1})]
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change(rec)
+    assert list(rec) == list(BOX_FIELDS) and isinstance(rec, dict)
+    for clone in (pickle.loads(pickle.dumps(rec)), copy.copy(rec)):  # a worker's record, sent
+        assert type(clone) is tsc.Record and list(clone) == list(rec) and same(clone, rec)
+    mutable = rec.copy()
+    mutable["extra"] = 1  # a copy is a plain dict of the same views
+    assert type(mutable) is dict and mutable["image"] is rec["image"]
     for name in ("image", "title_ids", "boxes", "pic"):
         view = rec[name]
         assert not view.flags.owndata and view.flags.writeable, name

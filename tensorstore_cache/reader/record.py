@@ -22,10 +22,7 @@ _READ_ONLY = "a record is read-only (its values are views of the store's files)"
 class Record(dict[str, Any]):
     """The fields of one key, read-only: ``rec["image"]``, ``rec.image``, ``dict(rec)``.
 
-    Parameters
-    ----------
-    values
-        Each field's value, by name, in schema order.
+    Made as a ``dict`` is, from each field's value by name, in schema order.
 
     Examples
     --------
@@ -59,18 +56,41 @@ class Record(dict[str, Any]):
         raise TypeError(_READ_ONLY)
 
     def clear(self) -> NoReturn:
+        """Refused: a record is read-only (``TypeError``)."""
         raise TypeError(_READ_ONLY)
 
     def pop(self, *args: Any) -> NoReturn:
+        """Refused: a record is read-only (``TypeError``).
+
+        Parameters
+        ----------
+        *args
+            What ``dict.pop`` takes.
+        """
         raise TypeError(_READ_ONLY)
 
     def popitem(self) -> NoReturn:
+        """Refused: a record is read-only (``TypeError``)."""
         raise TypeError(_READ_ONLY)
 
     def setdefault(self, *args: Any) -> NoReturn:
+        """Refused: a record is read-only (``TypeError``).
+
+        Parameters
+        ----------
+        *args
+            What ``dict.setdefault`` takes.
+        """
         raise TypeError(_READ_ONLY)
 
     def update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: a record is read-only (``TypeError``).
+
+        Parameters
+        ----------
+        *args, **kwargs
+            What ``dict.update`` takes.
+        """
         raise TypeError(_READ_ONLY)
 
     def __reduce__(self) -> tuple[type[Record], tuple[dict[str, Any]]]:

@@ -104,10 +104,13 @@ def batch_rounds(cfg: Config, names: list[str], paths: list[str],
 
 def apply(results: dict[str, Any], rounds: dict[str, Any]) -> None:
     """Make each method's ``batch_items_per_s`` the median of its rounds (the single
-    measurement kept as ``batch_items_once_per_s``)."""
+    measurement kept as ``batch_items_once_per_s``); a method whose own later agent failed
+    keeps that failure as its figure."""
     for name, per in rounds.get("methods", {}).items():
         rec = results.get(name)
         if rec is None or per.get("median_items_per_s") is None:
+            continue
+        if rec.get("rounds", {}).get("1", {}).get("status", "ok") != "ok":
             continue
         if "batch_items_once_per_s" not in rec:
             rec["batch_items_once_per_s"] = rec.get("batch_items_per_s")

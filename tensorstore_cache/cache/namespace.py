@@ -98,9 +98,7 @@ def valid_part_id(part: str) -> bool:
 
 def is_namespace(root: Path) -> bool:
     """Whether ``root`` looks like a cache namespace directory."""
-    where = os.fspath(root)  # os.path: no path objects on the way to every open
-    return os.path.isfile(os.path.join(where, _INFO)) and not os.path.exists(
-        os.path.join(where, "zarr.json"))
+    return (root / _INFO).is_file() and not (root / "zarr.json").exists()
 
 
 class Namespace:

@@ -30,8 +30,9 @@ __all__ = ["MappedShard", "map_shard_fd", "open_shard", "shard_file_size", "writ
 _EMPTY = np.uint64(2**64 - 1)
 #: CRC32C of any bytes followed by their own CRC32C (little-endian).
 _CRC32C_RESIDUE = 0x48674BC7
-#: Dense shard indexes of at most this many rows are kept once built (1 MiB each at most).
-_KEPT_INDEX_ROWS = 65536
+#: Dense shard indexes of at most this many rows are kept once built, 8 at most (256 KiB
+#: each, 2 MiB in all at most; a store's shards share a few).
+_KEPT_INDEX_ROWS = 16384
 
 
 def shard_file_size(rows: int, rows_per_shard: int, item_nbytes: int) -> int:
@@ -197,7 +198,7 @@ def _dense_bytes(rows: int, item_nbytes: int) -> bytes:
     return index.tobytes()
 
 
-_kept_dense = functools.lru_cache(maxsize=32)(_dense_bytes)
+_kept_dense = functools.lru_cache(maxsize=8)(_dense_bytes)
 
 
 def _check_index(

@@ -10,6 +10,7 @@ view), text values are ``str``; nothing is copied. Reading a field is a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import numpy as np
@@ -96,6 +97,11 @@ class Record(dict[str, Any]):
     def __reduce__(self) -> tuple[type[Record], tuple[dict[str, Any]]]:
         return Record, (dict(self),)
 
+    def __copy__(self) -> dict[str, Any]:
+        # a plain dict of the same views, as rec.copy(): what a caller copies to change it
+        # (torch's default_collate copies a mapping, then updates the copy)
+        return dict(self)
+
     def __repr__(self) -> str:
         def show(v: Any) -> str:
             if isinstance(v, np.ndarray):
@@ -106,3 +112,27 @@ class Record(dict[str, Any]):
 
     def __dir__(self) -> list[str]:
         return sorted({*super().__dir__(), *self})
+
+
+class _FieldFirst:
+    """A ``dict`` method of :class:`Record` that a field may be named after (``copy``,
+    ``update``...): ``rec.<name>`` is the field when the record has one, as for every other
+    field, else the method."""
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+        self.__doc__ = getattr(method, "__doc__", None)
+        self.name: str = getattr(method, "__name__", "")
+
+    def __get__(self, record: Record | None, owner: type | None = None) -> Any:
+        if record is not None and self.name in record:
+            return dict.__getitem__(record, self.name)
+        get: Callable[..., Any] = self.method.__get__
+        return get(record, owner) if record is not None else get(None, owner)
+
+
+#: The methods of ``dict`` whose names a field may have (get, items, keys and values are
+#: names a field may not take).
+_SHADOWED = ("clear", "copy", "fromkeys", "pop", "popitem", "setdefault", "update")
+for _name in _SHADOWED:
+    setattr(Record, _name, _FieldFirst(Record.__dict__.get(_name, dict.__dict__[_name])))

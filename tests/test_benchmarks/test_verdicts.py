@@ -197,6 +197,10 @@ def test_batch_rounds_median_is_the_batch_figure_and_the_target_compares_it() ->
     assert got["value"] == pytest.approx(0.96) and got["status"] == "PASS"
     _batch_rounds.apply(results, rounds)  # again (a resumed run): the single figure stays
     assert results["tensorstore_cache"]["batch_items_once_per_s"] == 500e3
+    failed = {n: {"rounds": {"1": {"status": "error", "text": "error: boom"}}}
+              for n in _batch_rounds.METHODS}
+    _batch_rounds.apply(failed, rounds)  # a method whose own later agent failed keeps it
+    assert all("batch_items_per_s" not in rec for rec in failed.values())
     text = "\n".join(_batch_rounds.markdown(rounds))
     assert "| tensorstore_cache | 960k | 940k | 990k | 5% | 960k, 940k, 990k |" in text
     assert "tensorstore_cache / raw_memmap, each round: 0.960, -, 0.990." in text

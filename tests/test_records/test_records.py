@@ -84,11 +84,16 @@ def test_a_record_is_a_read_only_mapping_of_copy_on_write_views(
         with pytest.raises(TypeError, match="read-only"):
             change(rec)
     assert list(rec) == list(BOX_FIELDS) and dict in type(rec).__mro__
-    for clone in (pickle.loads(pickle.dumps(rec)), copy.copy(rec)):  # a worker's record, sent
+    for clone in (pickle.loads(pickle.dumps(rec)), copy.deepcopy(rec)):  # a worker's record
         assert type(clone) is tsc.Record and list(clone) == list(rec) and same(clone, rec)
-    mutable = rec.copy()
-    mutable["extra"] = 1  # a copy is a plain dict of the same views
-    assert type(mutable) is dict and mutable["image"] is rec["image"]
+    for mutable in (rec.copy(), copy.copy(rec)):  # a copy is a plain dict of the same views
+        mutable["extra"] = 1
+        assert type(mutable) is dict and mutable["image"] is rec["image"]
+    # a field may be named as a dict method: the attribute is the field, as for every field
+    named = tsc.Record({"copy": rec["image"], "update": rec["title"], "pop": 1})
+    assert named.copy is named["copy"] and named.update == rec.title
+    assert getattr(named, "pop") == 1  # noqa: B009 (typed as the method)
+    assert type(rec.copy()) is dict and "copy" in dir(named)
     for name in ("image", "title_ids", "boxes", "pic"):
         view = rec[name]
         assert not view.flags.owndata and view.flags.writeable, name

@@ -161,3 +161,24 @@ def test_options_that_do_not_apply_to_records_are_refused(store: tsc.CacheStore)
         ds.dataloader(8, batch_transform=lambda x: x)
     images = StoreDataset(store.field("image"), as_float=True)  # one field: the tensor API
     assert images[0].dtype == torch.float32 and images[0].shape == (3, 4, 4)
+
+
+def test_torch_default_collate_takes_a_batch_of_records_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataset of ``store[key]`` with torch's default collate: every field collated once
+    (a copy of a record is a plain dict that the collate may update), into a dict."""
+    import torch.utils.data._utils.collate as torch_collate
+
+    calls: list[int] = []
+    real = torch_collate.default_collate_fn_map[np.ndarray]
+
+    def counting(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        calls.append(len(batch))
+        return real(batch, collate_fn_map=collate_fn_map)
+
+    monkeypatch.setitem(torch_collate.default_collate_fn_map, np.ndarray, counting)
+    records = [tsc.Record({"image": np.full((3, 2, 2), i, np.uint8),
+                           "rating": np.array(i / 2, np.float32)}) for i in range(4)]
+    batch = torch.utils.data.default_collate(records)
+    assert calls == [4, 4]  # once per field
+    assert type(batch) is dict and list(batch) == ["image", "rating"]
+    assert batch["image"].shape == (4, 3, 2, 2) and batch["rating"].tolist() == [0, 0.5, 1, 1.5]

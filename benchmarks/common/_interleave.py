@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["order", "spread", "summary"]
+__all__ = ["apply_medians", "order", "spread", "summary"]
 
 
 def order(names: Sequence[str], r: int) -> list[str]:
@@ -29,16 +29,49 @@ def order(names: Sequence[str], r: int) -> list[str]:
     return [*names[k:], *names[:k]]
 
 
-def summary(values: Sequence[float | None]) -> dict[str, Any]:
-    """``median_s``, ``min_s`` and ``max_s`` of the rounds that measured (None: failed)."""
+def summary(values: Sequence[float | None], unit: str = "s") -> dict[str, Any]:
+    """``median_<unit>``, ``min_<unit>`` and ``max_<unit>`` of the rounds that measured
+    (None: failed)."""
     ok = [v for v in values if v is not None]
-    return {"median_s": statistics.median(ok) if ok else None,
-            "min_s": min(ok) if ok else None, "max_s": max(ok) if ok else None}
+    return {f"median_{unit}": statistics.median(ok) if ok else None,
+            f"min_{unit}": min(ok) if ok else None, f"max_{unit}": max(ok) if ok else None}
 
 
-def spread(per: dict[str, Any]) -> str:
-    """``(max - min) / median`` of a method's rounds, as a percentage; ``-`` without them."""
-    med, lo, hi = per.get("median_s"), per.get("min_s"), per.get("max_s")
+def spread(per: dict[str, Any], unit: str = "s") -> str:
+    """``(max - min) / median`` of a method's rounds (their :func:`summary` in ``unit``), as a
+    percentage; ``-`` without them."""
+    med, lo, hi = (per.get(f"{k}_{unit}") for k in ("median", "min", "max"))
     if med is None or lo is None or hi is None or not med:
         return "-"
     return f"{(hi - lo) / med:.0%}"
+
+
+def apply_medians(results: dict[str, Any], rounds: dict[str, Any], figure: str, once: str,
+                  median: str, own_round: str | None = None) -> None:
+    """Make each method's ``figure`` the median of its rounds, the single measurement kept
+    as ``once`` (once only: a resumed run applies them again).
+
+    Parameters
+    ----------
+    results
+        Each method's record, by name.
+    rounds
+        The rounds: ``{"methods": {name: {median: value or None, ...}}}``.
+    figure, once
+        The record's figure, and where its single measurement is kept.
+    median
+        The key of the median in each method's rounds.
+    own_round
+        A round of the record whose failure (a ``status`` other than ``ok``) stays the
+        method's figure (None: none).
+    """
+    for name, per in rounds.get("methods", {}).items():
+        rec = results.get(name)
+        if rec is None or per.get(median) is None:
+            continue
+        if own_round is not None and rec.get("rounds", {}).get(own_round, {}).get(
+                "status", "ok") != "ok":
+            continue
+        if once not in rec:
+            rec[once] = rec.get(figure)
+        rec[figure] = per[median]

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import statistics
 from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.common import methods
 from benchmarks.common._failures import driver_error
-from benchmarks.common._interleave import order
+from benchmarks.common._interleave import apply_medians, order, spread, summary
 from benchmarks.run._driver import AgentError, run_round
 from benchmarks.run._rounds import Config, log
 
@@ -95,10 +94,7 @@ def batch_rounds(cfg: Config, names: list[str], paths: list[str],
                     per["failures"].append(f"round {r + 1}: {got['text']}")
                     log(f"{name}: random batches, round {r + 1}: {got['text']}")
     for per in out["methods"].values():
-        ok = [v for v in per["items_per_s"] if v is not None]
-        per["median_items_per_s"] = statistics.median(ok) if ok else None
-        per["min_items_per_s"] = min(ok) if ok else None
-        per["max_items_per_s"] = max(ok) if ok else None
+        per.update(summary(per["items_per_s"], "items_per_s"))
     return out
 
 
@@ -106,15 +102,8 @@ def apply(results: dict[str, Any], rounds: dict[str, Any]) -> None:
     """Make each method's ``batch_items_per_s`` the median of its rounds (the single
     measurement kept as ``batch_items_once_per_s``); a method whose own later agent failed
     keeps that failure as its figure."""
-    for name, per in rounds.get("methods", {}).items():
-        rec = results.get(name)
-        if rec is None or per.get("median_items_per_s") is None:
-            continue
-        if rec.get("rounds", {}).get("1", {}).get("status", "ok") != "ok":
-            continue
-        if "batch_items_once_per_s" not in rec:
-            rec["batch_items_once_per_s"] = rec.get("batch_items_per_s")
-        rec["batch_items_per_s"] = per["median_items_per_s"]
+    apply_medians(results, rounds, "batch_items_per_s", "batch_items_once_per_s",
+                  "median_items_per_s", own_round="1")
 
 
 def _rate(value: float | None) -> str:
@@ -137,12 +126,10 @@ def markdown(rounds: dict[str, Any] | None) -> list[str]:
              "| method | median items/s | min | max | spread | each round |",
              "|---|---:|---:|---:|---:|---|"]
     for name, per in per_method.items():
-        med, lo, hi = (per.get(k) for k in ("median_items_per_s", "min_items_per_s",
-                                             "max_items_per_s"))
-        spread = "-" if not med or lo is None or hi is None else f"{(hi - lo) / med:.0%}"
+        med, lo, hi = (per.get(f"{k}_items_per_s") for k in ("median", "min", "max"))
         each = ", ".join(_rate(v) for v in per["items_per_s"])
-        lines.append(f"| {name} | {_rate(med)} | {_rate(lo)} | {_rate(hi)} | {spread} "
-                     f"| {each} |")
+        lines.append(f"| {name} | {_rate(med)} | {_rate(lo)} | {_rate(hi)} "
+                     f"| {spread(per, 'items_per_s')} | {each} |")
     if len(names) == 2:
         a, b = (per_method[n]["items_per_s"] for n in names)
         each = ", ".join("-" if x is None or not y else f"{x / y:.3f}"

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.common import methods
 from benchmarks.common._failures import driver_error
-from benchmarks.common._interleave import order, spread, summary
+from benchmarks.common._interleave import apply_medians, order, spread, summary
 from benchmarks.run._driver import AgentError, run_round
 from benchmarks.run._rounds import Config, log
 
@@ -87,13 +87,7 @@ def first_rounds(cfg: Config, names: list[str], paths: list[str],
 def apply(results: dict[str, Any], rounds: dict[str, Any]) -> None:
     """Make each method's ``first_agent_s`` the median of its rounds (the single first agent
     measured with its other rounds kept as ``first_agent_once_s``)."""
-    for name, per in rounds.get("methods", {}).items():
-        rec = results.get(name)
-        if rec is None or per.get("median_s") is None:
-            continue
-        if "first_agent_once_s" not in rec:
-            rec["first_agent_once_s"] = rec.get("first_agent_s")
-        rec["first_agent_s"] = per["median_s"]
+    apply_medians(results, rounds, "first_agent_s", "first_agent_once_s", "median_s")
 
 
 def _s(value: float | None) -> str:

@@ -18,10 +18,11 @@ from .. import config
 
 __all__ = ["fewest_rows", "rows_per_shard", "shard_rows"]
 
-#: Shards a worker gets in a build small enough: the last shards end at most one shard's
-#: time apart in the building process and in a worker, so more, smaller shards end a build
-#: sooner (16 against 8 halved that gap: python -m benchmarks.cold.compare); a batch loader's
-#: shards are whole batches, each a round trip to a device worker: 8 of them.
+#: Shards a worker gets in a build small enough: progress moves shard by shard, and the shards
+#: left near the end are cut into pieces (:mod:`.pieces`), so that the building process and
+#: a worker end a piece apart; a batch loader's shards are whole batches, each a round trip to
+#: a device worker, never cut: 8 of them (16 against 8 halved the gap at the end of a build
+#: of whole shards: python -m benchmarks.cold.compare).
 SHARDS_PER_WORKER, BATCHED_SHARDS_PER_WORKER = 16, 8
 
 

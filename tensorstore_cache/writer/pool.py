@@ -46,9 +46,10 @@ from typing import Any
 from ..errors import BuildError
 from ..fs import discard_tree
 from .frames import loader_frames
+from .pieces import Piece, run_piece
 from .procs import Workers
 from .reentry import worker_environment
-from .tasks import ShardResult, ShardTask, run_shard
+from .tasks import Computed, ShardResult, ShardTask, run_shard
 
 __all__ = ["BuildPool", "WorkerStartError", "ship_loader"]
 
@@ -154,12 +155,18 @@ def _call_pooled(fn: Callable[..., None], status: str, *args: Any) -> None:
     _status("")
 
 
-def _run_pooled(task: ShardTask) -> ShardResult:
-    """Run one shard task with the loader this worker received when it started."""
+def _run_pooled(unit: ShardTask | Piece) -> ShardResult | Computed:
+    """Run one shard task, or compute one piece of a shard, with the loader this worker
+    received when it started."""
     if _start_error is not None:
         raise WorkerStartError(_start_error)
-    _status(task.rel)
-    result = run_shard(task, _loader)
+    if isinstance(unit, Piece):
+        _status(unit.task.rel)
+        rows = run_piece(unit, _loader)
+        _status("")
+        return rows
+    _status(unit.rel)
+    result = run_shard(unit, _loader)
     _status("")
     return result
 
@@ -242,12 +249,17 @@ class BuildPool:
             raise
         self._executor.start(_bootstrap, (payload, str(status_dir), os.getpid(), setup))
 
-    def submit(self, task: ShardTask) -> Future[ShardResult]:
-        """Queue ``task`` (its loader is left out: the workers have theirs); the first
-        :attr:`size` tasks go one to each worker, which takes it first: every worker takes
-        part in the build."""
-        sent = dataclasses.replace(task, loader=None)
-        future: Future[ShardResult]
+    def submit(self, unit: ShardTask | Piece) -> Future[Any]:
+        """Queue a shard task, or a piece of one (its loader is left out: the workers have
+        theirs), whose future gives its :class:`~.tasks.ShardResult`, or the piece's rows;
+        the first :attr:`size` go one to each worker, which takes it first: every worker
+        takes part in the build."""
+        sent: ShardTask | Piece
+        if isinstance(unit, Piece):
+            sent = Piece(dataclasses.replace(unit.task, loader=None), unit.start)
+        else:
+            sent = dataclasses.replace(unit, loader=None)
+        future: Future[Any]
         if self._assigned < self.size:
             future = self._executor.assign(self._assigned, _run_pooled, sent)
             self._assigned += 1

@@ -8,7 +8,11 @@ batches, computed to learn the shape, are), so no core idles while the
 pool's interpreters start. Once that end is empty, it takes back the tasks
 sent to the pool that no worker has started yet, except each worker's
 first: a worker is never left with two shards to finish while this process
-waits, and every worker of the pool takes part in the build.
+waits, and every worker of the pool takes part in the build. Near the end,
+the shards left are cut into pieces of a few rows (:mod:`.pieces`), which
+the pool and this process both take, so that they end a piece apart, not a
+shard apart (a batched build's shards stay whole: their rows are computed
+in batches).
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
+from .pieces import Piece, Tail, run_piece
 from .pool import BuildPool
 from .tasks import ShardResult, ShardTask, run_shard
 
 __all__ = ["daemonic", "run_tasks"]
 
 logger = logging.getLogger("tensorstore_cache")
+
+#: What the pool runs: a shard task, or a piece of one.
+_Unit = ShardTask | Piece
 
 
 class _NoBar:
@@ -84,7 +92,8 @@ def run_tasks(
         if executor is not None:
             given = executor
 
-            def submit(task: ShardTask) -> Future[ShardResult]:
+            def submit(task: _Unit) -> Future[ShardResult]:
+                assert isinstance(task, ShardTask)  # nothing is cut without local work
                 return given.submit(run_shard, task)
 
             return _collect(submit, tasks, bar, pool_size=len(tasks), local=False,
@@ -111,7 +120,7 @@ def run_tasks(
         own = BuildPool(size, loader, Path(tasks[0].root))
         try:
             results = _collect(own.submit, tasks, bar, pool_size=size, local=True,
-                               broken=own.explain)
+                               broken=own.explain, cut=True)
         except BaseException:
             own.abort()
             raise
@@ -131,8 +140,7 @@ def _broken_executor(exc: BaseException, left: list[ShardTask]) -> BaseException
     )
 
 
-def _steal(inflight: dict[Future[ShardResult], ShardTask],
-           committed: set[Future[ShardResult]]) -> ShardTask | None:
+def _steal(inflight: dict[Future[Any], _Unit], committed: set[Future[Any]]) -> _Unit | None:
     """A task sent to the pool that no worker has started, taken back (cancelled there), but
     none of the ``committed`` (each worker's first): this process runs it rather than wait
     for a worker to finish two."""
@@ -142,8 +150,81 @@ def _steal(inflight: dict[Future[ShardResult], ShardTask],
     return None
 
 
+def _taken_back(inflight: dict[Future[Any], _Unit],
+                committed: set[Future[Any]]) -> list[ShardTask]:
+    """Every shard task sent to the pool that no worker has started, taken back in the order
+    they were sent, but the ``committed``."""
+    back = []
+    for future, unit in list(inflight.items()):
+        if isinstance(unit, ShardTask) and future not in committed and future.cancel():
+            back.append(unit)
+            del inflight[future]
+    return back
+
+
+class _Units:
+    """A build's units of work: those left to send, those the pool has (by future), the
+    results by shard path, and the shards cut into pieces; ``submit`` sends one to the pool
+    and ``bar`` counts what is done."""
+
+    def __init__(self, tasks: list[ShardTask], submit: Callable[[_Unit], Future[Any]],
+                 bar: Any, pool_size: int) -> None:
+        self.pending: deque[_Unit] = deque(tasks)
+        self.inflight: dict[Future[Any], _Unit] = {}
+        self.results: dict[str, ShardResult] = {}
+        self.tail = Tail()
+        self._submit, self._bar, self._pool_size = submit, bar, pool_size
+
+    def refill(self) -> None:
+        """Send from the front: one queued unit per pool process beyond the running ones
+        keeps it busy."""
+        while self.pending and len(self.inflight) < 2 * self._pool_size:
+            unit = self.pending.popleft()
+            self.inflight[self._submit(unit)] = unit
+
+    def cut(self, committed: set[Future[Any]]) -> None:
+        """Cut the shards left, and those the pool has not started (but the ``committed``),
+        into pieces, and send the pool its share."""
+        shards = [*_taken_back(self.inflight, committed),
+                  *(u for u in self.pending if isinstance(u, ShardTask))]
+        self.pending.clear()
+        self.pending.extend(self.tail.cut(shards))
+        self.refill()
+
+    def settle(self, unit: _Unit, value: Any) -> None:
+        """Note what ``unit`` gave: a shard's result, or a piece's rows (the last piece of a
+        shard has its shard written here)."""
+        self._bar.update(len(unit.task.keys if isinstance(unit, Piece) else unit.keys))
+        whole = self.tail.add(unit, value) if isinstance(unit, Piece) else None
+        if whole is not None:  # its last piece: all its rows are computed
+            self.results[whole.rel] = run_shard(whole)
+        elif not isinstance(unit, Piece):
+            self.results[unit.rel] = value
+
+    def harvest(self, done: set[Future[Any]]) -> None:
+        """Settle the units of the ``done`` futures (a unit's error names its shard)."""
+        for fut in done:
+            unit = self.inflight.pop(fut)
+            try:
+                value = fut.result()
+            except BrokenExecutor:  # the pool broke: no shard's own error
+                raise
+            except Exception as exc:
+                task = _shard_of(unit)
+                first = task.keys[0] if task.keys else "-"
+                exc.add_note(
+                    f"while building shard {task.rel} ({len(task.keys)} sources from {first!r})"
+                )
+                raise
+            self.settle(unit, value)
+
+
+def _shard_of(unit: _Unit) -> ShardTask:
+    return unit.task if isinstance(unit, Piece) else unit
+
+
 def _collect(
-    submit: Callable[[ShardTask], Future[ShardResult]],
+    submit: Callable[[_Unit], Future[Any]],
     tasks: list[ShardTask],
     bar: Any,
     *,
@@ -151,63 +232,48 @@ def _collect(
     local: bool,
     broken: Callable[[BaseException, list[ShardTask]], BaseException],
     first: Callable[[], None] | None = None,
+    cut: bool = False,
 ) -> dict[str, ShardResult]:
     """Feed the pool from the front of the queue; with ``local``, work from its back, then
     take back what the pool has not started (but each worker's first task).
 
     ``first`` runs once the pool has its first tasks, before anything else
-    here. ``submit`` hands a task to the pool; ``broken`` turns the
+    here. With ``cut`` (and ``local``), once at most ``pool_size + 1``
+    tasks are left unsent, those and the ones the pool has not started are
+    cut into pieces (:mod:`.pieces`), whose shards this process writes.
+    ``submit`` hands a task or a piece to the pool; ``broken`` turns the
     :class:`~concurrent.futures.BrokenExecutor` of a pool that broke (a
     worker died, or could not start) into the error to raise, given the
     unfinished tasks.
     """
-    pending = deque(tasks)
-    inflight: dict[Future[ShardResult], ShardTask] = {}
-    results: dict[str, ShardResult] = {}
-
-    def refill() -> None:
-        # one queued task per pool process beyond the running ones keeps it busy
-        while pending and len(inflight) < 2 * pool_size:
-            task = pending.popleft()
-            inflight[submit(task)] = task
-
-    def harvest(done: set[Future[ShardResult]]) -> None:
-        for fut in done:
-            task = inflight.pop(fut)
-            try:
-                results[task.rel] = fut.result()
-            except BrokenExecutor:  # the pool broke: no shard's own error
-                raise
-            except Exception as exc:
-                first = task.keys[0] if task.keys else "-"
-                exc.add_note(
-                    f"while building shard {task.rel} ({len(task.keys)} sources from {first!r})"
-                )
-                raise
-            bar.update(len(task.keys))
-
+    units = _Units(tasks, submit, bar, pool_size)
+    pending, inflight = units.pending, units.inflight
+    cut_at = pool_size + 1 if cut and local else -1
     try:
-        refill()
+        units.refill()
         committed = set(list(inflight)[:pool_size])  # every worker takes part
         if first is not None:
             first()
         while pending or inflight:
-            task = (pending.pop() if local and pending else
+            if len(pending) <= cut_at:  # the last shards: the processes end a piece apart
+                cut_at = -1
+                units.cut(committed)
+            unit = (pending.pop() if local and pending else
                     _steal(inflight, committed) if local else None)
-            if task is not None:
-                results[task.rel] = run_shard(task)
-                bar.update(len(task.keys))
-                harvest({f for f in inflight if f.done()})
+            if unit is not None:
+                units.settle(unit, run_piece(unit) if isinstance(unit, Piece) else
+                             run_shard(unit))
+                units.harvest({f for f in inflight if f.done()})
             else:
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                harvest(done)
-            refill()
+                units.harvest(done)
+            units.refill()
     except BrokenExecutor as exc:
         for fut in inflight:
             fut.cancel()
-        raise broken(exc, [t for t in tasks if t.rel not in results]) from exc
+        raise broken(exc, [t for t in tasks if t.rel not in units.results]) from exc
     except BaseException:
         for fut in inflight:
             fut.cancel()
         raise
-    return results
+    return units.results

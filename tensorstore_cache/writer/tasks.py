@@ -45,6 +45,7 @@ __all__ = [
     "ShardTask",
     "SourceStat",
     "check_item",
+    "checker",
     "compute",
     "run_path",
     "run_shard",
@@ -195,11 +196,9 @@ def run_shard(task: ShardTask, loader: Loader | BatchStage | None = None) -> Sha
         raise ValueError(f"shard task {task.rel} has no loader")
     if task.schema is not None:
         return _run_records(task, fn, task.schema)
-    dtype = np.dtype(task.dtype)
-    block = np.zeros((len(task.keys), *task.item_shape), dtype=dtype)
+    block = np.zeros((len(task.keys), *task.item_shape), dtype=np.dtype(task.dtype))
     result = ShardResult(task.rel)
-    compute(task, fn, lambda key, value: check_item(value, dtype, task.item_shape),
-            block.__setitem__, result)
+    compute(task, fn, checker(task), block.__setitem__, result)
     if result.failures and not task.write_on_failure:
         return result
     if task.upload is None:
@@ -216,6 +215,16 @@ def run_shard(task: ShardTask, loader: Loader | BatchStage | None = None) -> Sha
         upload_file(Path(scratch) / task.rel, task.upload, task.rel,
                     storage_options=task.storage_options)
     return result
+
+
+def checker(task: ShardTask) -> Callable[[str, Any], Any]:
+    """What checks each value the loader returns for ``task``, as ``check(key, value)``: a
+    record against the task's schema, else an item against its dtype and shape."""
+    schema = task.schema
+    if schema is not None:
+        return lambda key, value: check_record(key, value, schema, task.names)
+    dtype = np.dtype(task.dtype)
+    return lambda key, value: check_item(value, dtype, task.item_shape)
 
 
 def compute(
@@ -318,8 +327,7 @@ def _run_records(task: ShardTask, fn: Loader | BatchStage, schema: Schema) -> Sh
         for name, values in ragged.items():
             values.append(record[name])
 
-    compute(task, fn, lambda key, value: check_record(key, value, schema, task.names), keep,
-            result)
+    compute(task, fn, checker(task), keep, result)
     if result.failures and not task.write_on_failure:
         return result
     if task.upload is None:

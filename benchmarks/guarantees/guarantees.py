@@ -100,8 +100,9 @@ def _sharing_table(s: dict[str, Any]) -> list[str]:
             f"| {', '.join(f'{p / 1024:.0f}' for p in views['private_bytes'])} "
             f"| {', '.join(f'{g / MIB:.1f}' for g in copy['uss_growth_bytes'])} |")
     f = s["fresh"]
+    huge = " mapped as pages, and as huge pages" if len(f["open"]) > 2 else ""
     lines += ["", "A fresh process, growth of [anonymous memory, resident pages of the store's "
-              f"files] in MiB: opening {[round(x / MIB, 2) for x in f['open']]}, reading one "
+              f"files{huge}] in MiB: opening {[round(x / MIB, 2) for x in f['open']]}, reading one "
               f"vector {[round(x / MIB, 2) for x in f['one']]}, gathering {f['batch_rows']} "
               f"vectors ({f['batch_bytes'] / MIB:.1f} MiB) {[round(x / MIB, 2) for x in f['batch']]}.",
               ""]

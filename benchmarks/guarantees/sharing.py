@@ -158,8 +158,8 @@ import tensorstore_cache as tsc
 
 root = sys.argv[1]
 
-def rss():  # [anonymous RSS, RSS of the store's own files], from /proc/self/smaps
-    anon = store_pages = 0
+def rss():  # [anonymous RSS, the store's files' RSS in pages, in huge pages], /proc/self/smaps
+    anon = store_pages = huge = 0
     inside = False
     for line in open("/proc/self/smaps"):
         head = line.split()
@@ -167,9 +167,11 @@ def rss():  # [anonymous RSS, RSS of the store's own files], from /proc/self/sma
             inside = len(head) >= 6 and head[5].startswith(root)
         elif head[0] == "Rss:" and inside:
             store_pages += int(head[1]) * 1024
+        elif head[0] == "FilePmdMapped:" and inside:  # page-cache huge pages, mapped whole
+            huge += int(head[1]) * 1024
         elif head[0] == "Anonymous:":
             anon += int(head[1]) * 1024
-    return [anon, store_pages]
+    return [anon, store_pages - huge, huge]
 
 keys = [f"k{i}" for i in range(0, 2000, 31)]
 base = rss()
@@ -180,7 +182,7 @@ checksum = float(v.sum(dtype=np.float64))
 one = rss()
 batch = store.take(store.rows(keys))
 after_batch = rss()
-diff = lambda m: [m[0] - base[0], m[1] - base[1]]
+diff = lambda m: [m[i] - base[i] for i in range(3)]
 print(json.dumps({"open": diff(opened), "one": diff(one), "batch": diff(after_batch),
                   "batch_rows": len(keys), "batch_bytes": batch.nbytes, "sum": checksum}))
 """
@@ -188,8 +190,9 @@ print(json.dumps({"open": diff(opened), "one": diff(one), "batch": diff(after_ba
 
 def fresh_reader(root: Path) -> dict[str, Any]:
     """A fresh process opens ``root``, reads ``k1234``, then gathers 65 vectors: what each
-    step added to ``[anonymous memory, resident pages of the store's files]`` in bytes
-    (``open``, ``one``, ``batch``), the batch's ``batch_bytes`` and the vector's ``sum``."""
+    step added to ``[anonymous memory, resident pages of the store's files, of them mapped
+    as huge pages]`` in bytes (``open``, ``one``, ``batch``; the second figure leaves the
+    third out), the batch's ``batch_bytes`` and the vector's ``sum``."""
     proc = subprocess.run([sys.executable, "-c", FRESH, str(root)], cwd=CHECKOUT,
                           capture_output=True, text=True, timeout=GUARD_S, check=False)
     if proc.returncode != 0:

@@ -26,6 +26,10 @@ import numpy.typing as npt
 __all__ = ["VirtualRows", "virtual_rows_supported"]
 
 _PAGE = mmap.PAGESIZE
+#: A range of at least a huge page starts on one (2 MiB: Linux's, with 4 KiB pages), so that
+#: a shard of whole huge pages sits on them and the kernel maps the page cache's huge pages
+#: whole (the builder lays shards so: writer/layout.py).
+_HUGE = 2 << 20
 _MAP_FIXED = 0x10  # identical on Linux and the BSDs
 
 _libc: Any = None
@@ -78,8 +82,10 @@ class VirtualRows:
         self.rows_per_shard = rows_per_shard
         self.length = max(_PAGE, -(-n * self.item_nbytes // _PAGE) * _PAGE)
         flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0)
-        reserved = mmap.mmap(-1, self.length, flags=flags, prot=0)  # PROT_NONE, anonymous
-        self.address: int = np.frombuffer(reserved, np.uint8, 1).__array_interface__["data"][0]
+        extra = _HUGE if self.length >= _HUGE else 0
+        reserved = mmap.mmap(-1, self.length + extra, flags=flags, prot=0)  # PROT_NONE
+        start: int = np.frombuffer(reserved, np.uint8, 1).__array_interface__["data"][0]
+        self.address: int = -(-start // _HUGE) * _HUGE if extra else start
         self.rows: npt.NDArray[Any] = np.asarray(
             _Range(reserved, self.address, (n, *item_shape), dtype.str))
         self.mapped = np.zeros(-(-n // rows_per_shard) if n else 0, dtype=bool)

@@ -20,9 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tensorstore_cache as tsc
 from benchmarks.guarantees.sharing import READERS, build, fresh_reader, noise, run_readers
 
 MB = 1 << 20
+#: Linux's huge page with 4 KiB pages (x86-64, arm64).
+HUGE = 2 << 20
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,7 @@ def test_readers_share_one_copy(big_store: tuple[Path, int], method: str) -> Non
     assert sum(growth) < 0.1 * sum(copy_growth)
 
 
+
 def test_a_fresh_process_reads_one_vector_without_reading_the_store(
     big_store: tuple[Path, int],
 ) -> None:
@@ -66,19 +70,27 @@ def test_a_fresh_process_reads_one_vector_without_reading_the_store(
     out = fresh_reader(root)
     kib = {k: [round(x / 1024) for x in out[k]] for k in ("open", "one", "batch")}
     print(f"\nfresh process, store {nbytes / MB:.0f} MiB; growth of [anonymous memory, "
-          "resident pages of the store's files] in KiB: "
+          "resident pages of the store's files mapped as pages, as huge pages] in KiB: "
           f"after open {kib['open']}, after reading one vector {kib['one']}, after gathering "
           f"{out['batch_rows']} vectors ({out['batch_bytes'] / MB:.1f} MiB) {kib['batch']}")
     assert out["sum"] == float(noise("k1234").sum(dtype=np.float64))
-    assert out["open"][1] < 64 * 1024  # opening maps the files, it does not read them
+    assert out["open"][1] + out["open"][2] < 64 * 1024  # opening maps the files, reads none
     # one 48 KiB vector and the index pages its lookup needs. Around a fault the kernel
     # maps pages already in the page cache too: up to 64 KiB, or a whole large folio (up
-    # to 2 MiB) on kernels that cache files in large folios. That costs no memory (the
-    # pages are cached anyway) but shows as resident; the store itself is 94 MiB.
-    assert out["one"][1] < 2 * MB + 512 * 1024
+    # to 2 MiB, mapped as one huge page when the shard lies on one) on kernels that cache
+    # files in large folios. That costs no memory (the pages are cached anyway) but shows
+    # as resident; the store itself is 94 MiB.
+    assert out["one"][1] + out["one"][2] < 2 * MB + 512 * 1024
     assert out["one"][0] < 1 * MB
     # a batch costs its own copy plus the pages it touched, never the whole store
-    anon, store_pages = out["batch"]
+    anon, store_pages, huge = out["batch"]
     assert anon < out["batch_bytes"] + 2 * MB
     # (65 of 2,000 vectors; large page-cache folios can make each fault map up to 2 MiB)
     assert store_pages < 0.25 * nbytes
+    # a huge page mapped is one the batch (or the vector before it) lies on
+    with tsc.open_store(root) as store:
+        rows = store.rows([f"k{i}" for i in range(0, 2000, 31)] + ["k1234"])
+        s, item = store.spec.rows_per_shard, store.spec.item_nbytes
+    lies_on = {(row // s, (row % s * item + edge) // HUGE) for row in rows.tolist()
+               for edge in (0, item - 1)}
+    assert huge <= len(lies_on) * HUGE

@@ -140,6 +140,11 @@ def test_build_publishes_nothing_when_a_source_fails(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("n", "workers", "expected"), [(0, 1, 1), (10, 2, 10), (100_000, 2, 2730)])
+@pytest.mark.parametrize(("n", "workers", "expected"), [
+    (0, 1, 1), (10, 2, 10), (4_000, 2, 125), (4_096, 2, 512), (10_000, 2, 512), (8_000, 4, 125),
+    (100_000, 2, 2560),
+])
 def test_rows_per_shard(n: int, workers: int, expected: int) -> None:
+    """Covers of 12 KiB: shards of whole huge pages (512 rows, 6 MiB) once each process gets
+    four of them, under the 32 MiB cap (2,730 rows: 2,560); about 16 shards each below."""
     assert rows_per_shard(n, 3 * 32 * 32 * 4, workers) == expected

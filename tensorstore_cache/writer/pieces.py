@@ -17,6 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from ..loaders import Loader
 from .tasks import BatchStage, Computed, Failure, ShardResult, ShardTask, checker, compute
@@ -44,17 +47,22 @@ class Piece:
 def run_piece(piece: Piece, loader: Loader | BatchStage | None = None) -> Computed:
     """Compute the rows of ``piece`` (with ``loader``, or the task's own), by row in its shard.
 
-    Each row is its checked value, or the :class:`~.tasks.Failure` of its key, with
-    its source identity taken before it was read, as the shard's task would have
-    taken them.
+    Each row is its checked value (a copy, as a shard's task copies it into its
+    block), or the :class:`~.tasks.Failure` of its key, with its source identity
+    taken before it was read, as the shard's task would have taken them.
     """
     task = piece.task
     fn = loader if loader is not None else task.loader
     if fn is None:
         raise ValueError(f"a piece of shard task {task.rel} has no loader")
     rows: dict[int, object] = {}
+
+    def keep(i: int, row: Any) -> None:  # a copy: a loader may refill one buffer every call
+        rows[i] = ({name: np.array(v) for name, v in row.items()} if isinstance(row, dict)
+                   else np.array(row))
+
     result = ShardResult(task.rel)
-    compute(task, fn, checker(task), rows.__setitem__, result)
+    compute(task, fn, checker(task), keep, result)
     for i, reason, frames in result.failures:
         rows[i] = Failure(reason, frames)
     identities = zip(result.source_size, result.source_mtime_ns, result.source_hash, strict=True)
@@ -71,11 +79,15 @@ class Tail:
         self._left: dict[str, int] = {}
         self._rows: dict[str, Computed] = {}
 
-    def cut(self, tasks: list[ShardTask]) -> list[Piece]:
-        """The pieces of ``tasks``, shard after shard, each shard's in row order."""
-        pieces = []
+    def cut(self, tasks: list[ShardTask]) -> list[ShardTask | Piece]:
+        """The pieces of ``tasks``, shard after shard, each shard's in row order; a shard of
+        fewer than two pieces' rows stays whole (one piece would only add a round trip)."""
+        pieces: list[ShardTask | Piece] = []
         for task in tasks:
             m = len(task.keys)
+            if m < 2 * MIN_PIECE_ROWS:
+                pieces.append(task)
+                continue
             step = max(MIN_PIECE_ROWS, math.ceil(m / PIECES_PER_SHARD))
             cut = [Piece(_narrowed(task, a, min(a + step, m)), a) for a in range(0, m, step)]
             self._tasks[task.rel], self._left[task.rel] = task, len(cut)

@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import BuildError
 from .pieces import Piece, Tail, run_piece
 from .pool import BuildPool
-from .tasks import ShardResult, ShardTask, run_shard
+from .tasks import BatchStage, ShardResult, ShardTask, run_shard
 
 __all__ = ["daemonic", "run_tasks"]
 
@@ -120,7 +120,7 @@ def run_tasks(
         own = BuildPool(size, loader, Path(tasks[0].root))
         try:
             results = _collect(own.submit, tasks, bar, pool_size=size, local=True,
-                               broken=own.explain, cut=True)
+                               broken=own.explain, cut=not isinstance(loader, BatchStage))
         except BaseException:
             own.abort()
             raise

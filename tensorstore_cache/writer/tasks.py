@@ -324,8 +324,8 @@ def _run_records(task: ShardTask, fn: Loader | BatchStage, schema: Schema) -> Sh
              ragged: dict[str, list[npt.NDArray[Any]]] = ragged) -> None:
         for name, block in fixed.items():
             block[i] = record[name]
-        for name, values in ragged.items():
-            values.append(record[name])
+        for name, values in ragged.items():  # a copy: a loader may refill one buffer
+            values.append(np.array(record[name]))
 
     compute(task, fn, checker(task), keep, result)
     if result.failures and not task.write_on_failure:

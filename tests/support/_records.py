@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,16 +73,22 @@ class RecordLoader:
     """The records of :func:`expected`, each call logged as ``<pid> <key>`` (``O_APPEND``).
 
     Fails on the sources numbered in ``fail``; a process other than ``builder``
-    that meets source ``kill`` SIGKILLs itself.
+    that meets source ``kill`` SIGKILLs itself. With ``started`` (a source number
+    and a file), a process other than ``builder`` that meets that source creates
+    the file, and ``builder`` waits for it (at most a minute) at its first source
+    numbered above ``kill``: the worker has then started the task holding ``kill``,
+    which the builder can no longer take back.
     """
 
     def __init__(self, log: str | Path | None = None, boxes: bool = False,
-                 fail: tuple[int, ...] = (), kill: int = -1, builder: int = 0) -> None:
+                 fail: tuple[int, ...] = (), kill: int = -1, builder: int = 0,
+                 started: tuple[int, str] | None = None) -> None:
         self.log = None if log is None else str(log)
         self.boxes = boxes
         self.fail = fail
         self.kill = kill
         self.builder = builder
+        self.started = started
 
     def __call__(self, path: str) -> dict[str, Any]:
         if self.log is not None:
@@ -92,9 +99,20 @@ class RecordLoader:
                 os.close(fd)
         if number(path) in self.fail:
             raise ValueError(f"source {number(path)} is unreadable")
+        if self.started is not None:
+            self._sync(number(path), *self.started)
         if number(path) == self.kill and os.getpid() != self.builder:
             os.kill(os.getpid(), signal.SIGKILL)
         return expected(path, self.boxes)
+
+    def _sync(self, i: int, source: int, flag: str) -> None:
+        if os.getpid() != self.builder:
+            if i == source:
+                Path(flag).touch()
+            return
+        deadline = time.monotonic() + 60
+        while i > self.kill and not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def same(record: Any, want: dict[str, Any]) -> bool:

@@ -467,8 +467,10 @@ def test_a_worker_killed_mid_build_of_records_leaves_nothing(
     paths, _local = records_store
     url = f"s3://{BUCKET}/killed.tsc"
     # the pool's worker takes the first tasks, the builder the last: the worker uploads task
-    # 0's shards and runs, then dies in task 1 (85 rows a task here)
-    loader = _records.RecordLoader(boxes=True, kill=100, builder=os.getpid())
+    # 0's shards and runs, then dies in task 1 (85 rows a task here); the builder waits, at
+    # its first source, until the worker has started task 1, which it then cannot take back
+    loader = _records.RecordLoader(boxes=True, kill=100, builder=os.getpid(),
+                                   started=(85, str(tmp_path / "task-1-started")))
     s3.reset()
     with pytest.raises(tsc.BuildError, match="died"):
         tsc.build_store(paths, url, loader=loader, loader_id="rec/1", fields=_records.BOX_FIELDS,

@@ -22,9 +22,18 @@ from typing import Any
 import numpy as np
 
 from ..loaders import Loader
-from .tasks import BatchStage, Computed, Failure, ShardResult, ShardTask, checker, compute
+from .tasks import (
+    BatchStage,
+    Computed,
+    Failure,
+    ShardResult,
+    ShardTask,
+    checker,
+    compute,
+    run_shard,
+)
 
-__all__ = ["PIECES_PER_SHARD", "Piece", "Tail", "run_piece"]
+__all__ = ["PIECES_PER_SHARD", "Piece", "Tail", "run_piece", "run_unit"]
 
 #: Pieces a shard is cut into (none of fewer than :data:`MIN_PIECE_ROWS` rows).
 PIECES_PER_SHARD = 8
@@ -67,6 +76,16 @@ def run_piece(piece: Piece, loader: Loader | BatchStage | None = None) -> Comput
         rows[i] = Failure(reason, frames)
     identities = zip(result.source_size, result.source_mtime_ns, result.source_hash, strict=True)
     return {piece.start + i: (rows[i], identity) for i, identity in enumerate(identities)}
+
+
+def run_unit(
+    unit: ShardTask | Piece, loader: Loader | BatchStage | None = None
+) -> ShardResult | Computed:
+    """Run a shard task (its result) or compute a piece of one (its rows), with ``loader``
+    or the task's own: what a build's processes run, wherever they run it."""
+    if isinstance(unit, Piece):
+        return run_piece(unit, loader)
+    return run_shard(unit, loader)
 
 
 class Tail:

@@ -46,10 +46,10 @@ from typing import Any
 from ..errors import BuildError
 from ..fs import discard_tree
 from .frames import loader_frames
-from .pieces import Piece, run_piece
+from .pieces import Piece, run_unit
 from .procs import Workers
 from .reentry import worker_environment
-from .tasks import Computed, ShardResult, ShardTask, run_shard
+from .tasks import Computed, ShardResult, ShardTask
 
 __all__ = ["BuildPool", "WorkerStartError", "ship_loader"]
 
@@ -160,15 +160,10 @@ def _run_pooled(unit: ShardTask | Piece) -> ShardResult | Computed:
     received when it started."""
     if _start_error is not None:
         raise WorkerStartError(_start_error)
-    if isinstance(unit, Piece):
-        _status(unit.task.rel)
-        rows = run_piece(unit, _loader)
-        _status("")
-        return rows
-    _status(unit.rel)
-    result = run_shard(unit, _loader)
+    _status(unit.task.rel if isinstance(unit, Piece) else unit.rel)
+    done = run_unit(unit, _loader)
     _status("")
-    return result
+    return done
 
 
 # -- in the builder ------------------------------------------------------------------
@@ -254,11 +249,8 @@ class BuildPool:
         theirs), whose future gives its :class:`~.tasks.ShardResult`, or the piece's rows;
         the first :attr:`size` go one to each worker, which takes it first: every worker
         takes part in the build."""
-        sent: ShardTask | Piece
-        if isinstance(unit, Piece):
-            sent = Piece(dataclasses.replace(unit.task, loader=None), unit.start)
-        else:
-            sent = dataclasses.replace(unit, loader=None)
+        sent = (Piece(dataclasses.replace(unit.task, loader=None), unit.start)
+                if isinstance(unit, Piece) else dataclasses.replace(unit, loader=None))
         future: Future[Any]
         if self._assigned < self.size:
             future = self._executor.assign(self._assigned, _run_pooled, sent)

@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, wait
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
-from .pieces import Piece, Tail, run_piece
+from .pieces import Piece, Tail, run_unit
 from .pool import BuildPool
 from .tasks import BatchStage, ShardResult, ShardTask, run_shard
 
@@ -140,26 +140,15 @@ def _broken_executor(exc: BaseException, left: list[ShardTask]) -> BaseException
     )
 
 
-def _steal(inflight: dict[Future[Any], _Unit], committed: set[Future[Any]]) -> _Unit | None:
-    """A task sent to the pool that no worker has started, taken back (cancelled there), but
-    none of the ``committed`` (each worker's first): this process runs it rather than wait
-    for a worker to finish two."""
-    for future in list(inflight):
-        if future not in committed and future.cancel():
-            return inflight.pop(future)
-    return None
-
-
 def _taken_back(inflight: dict[Future[Any], _Unit],
-                committed: set[Future[Any]]) -> list[ShardTask]:
-    """Every shard task sent to the pool that no worker has started, taken back in the order
-    they were sent, but the ``committed``."""
-    back = []
+                committed: set[Future[Any]]) -> Iterator[_Unit]:
+    """The units sent to the pool that no worker has started, in the order they were sent,
+    each taken back (cancelled there) as it is reached, but the ``committed`` (each worker's
+    first): this process runs them rather than wait for a worker to finish two."""
     for future, unit in list(inflight.items()):
-        if isinstance(unit, ShardTask) and future not in committed and future.cancel():
-            back.append(unit)
+        if future not in committed and future.cancel():
             del inflight[future]
-    return back
+            yield unit
 
 
 class _Units:
@@ -185,8 +174,9 @@ class _Units:
     def cut(self, committed: set[Future[Any]]) -> None:
         """Cut the shards left, and those the pool has not started (but the ``committed``),
         into pieces, and send the pool its share."""
-        shards = [*_taken_back(self.inflight, committed),
-                  *(u for u in self.pending if isinstance(u, ShardTask))]
+        # nothing is cut yet: every unit sent or left is a whole shard
+        shards = [u for u in (*_taken_back(self.inflight, committed), *self.pending)
+                  if isinstance(u, ShardTask)]
         self.pending.clear()
         self.pending.extend(self.tail.cut(shards))
         self.refill()
@@ -194,12 +184,14 @@ class _Units:
     def settle(self, unit: _Unit, value: Any) -> None:
         """Note what ``unit`` gave: a shard's result, or a piece's rows (the last piece of a
         shard has its shard written here)."""
-        self._bar.update(len(unit.task.keys if isinstance(unit, Piece) else unit.keys))
-        whole = self.tail.add(unit, value) if isinstance(unit, Piece) else None
-        if whole is not None:  # its last piece: all its rows are computed
-            self.results[whole.rel] = run_shard(whole)
-        elif not isinstance(unit, Piece):
-            self.results[unit.rel] = value
+        if isinstance(unit, Piece):
+            self._bar.update(len(unit.task.keys))
+            whole = self.tail.add(unit, value)
+            if whole is not None:  # its last piece: all its rows are computed
+                self.results[whole.rel] = run_shard(whole)
+            return
+        self._bar.update(len(unit.keys))
+        self.results[unit.rel] = value
 
     def harvest(self, done: set[Future[Any]]) -> None:
         """Settle the units of the ``done`` futures (a unit's error names its shard)."""
@@ -259,10 +251,9 @@ def _collect(
                 cut_at = -1
                 units.cut(committed)
             unit = (pending.pop() if local and pending else
-                    _steal(inflight, committed) if local else None)
+                    next(_taken_back(inflight, committed), None) if local else None)
             if unit is not None:
-                units.settle(unit, run_piece(unit) if isinstance(unit, Piece) else
-                             run_shard(unit))
+                units.settle(unit, run_unit(unit))
                 units.harvest({f for f in inflight if f.done()})
             else:
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)

@@ -144,8 +144,11 @@ def test_the_building_process_and_a_worker_share_the_last_shards(
         local.append((task.rel, None if len(task.computed) < len(task.keys) else -1))
         return run_shard(task, loader)
 
-    monkeypatch.setattr(schedule, "run_piece", local_piece)
-    monkeypatch.setattr(schedule, "run_shard", local_shard)
+    def local_unit(unit: ShardTask | Piece) -> Any:
+        return local_piece(unit) if isinstance(unit, Piece) else local_shard(unit)
+
+    monkeypatch.setattr(schedule, "run_unit", local_unit)  # what this process runs
+    monkeypatch.setattr(schedule, "run_shard", local_shard)  # the cut shards it writes
     results = schedule._collect(pool.submit, tasks, schedule._NoBar(), pool_size=1,
                                 local=True, broken=lambda exc, left: exc, cut=True)
     rel = [t.rel for t in tasks]

@@ -310,8 +310,9 @@ def build_store(
         qualified name).
     workers
         Processes that build (default: every core): this one and a pool of
-        ``workers - 1`` started from a clean interpreter, which never runs
-        ``__main__`` again. ``1`` builds in this process, as does a daemonic
+        ``workers - 1``, forked from this one where that is safe (no other
+        thread runs here; ``TSC_WORKER_START=spawn`` turns it off), else started
+        from a clean interpreter; neither runs ``__main__`` again. ``1`` builds in this process, as does a daemonic
         process (a DataLoader or multiprocessing pool worker), with a notice.
     on_error
         ``"raise"`` (default): if any source fails, raise :class:`BuildError`

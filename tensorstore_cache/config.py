@@ -15,6 +15,9 @@ Environment variables
 ``TSC_CACHE_LOCKS``
     ``0`` (or ``off``/``false``/``no``) turns file locking off, for mounts where
     ``flock`` hangs.
+``TSC_WORKER_START``
+    ``spawn`` starts every worker of a build's pool as a fresh interpreter; unset
+    or ``auto``: forked from the building process where that is safe.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ __all__ = [
     "Recorded",
     "SHARD_BYTES",
     "SourceCheck",
+    "WORKER_START_ENV",
     "__version__",
     "cache_root",
     "check_mode",
@@ -64,6 +68,8 @@ MAX_BYTES_ENV = "TSC_CACHE_MAX_BYTES"
 LOCKS_ENV = "TSC_CACHE_LOCKS"
 #: The remote prefix a cached() call shares its namespace through (cached(remote=...)).
 REMOTE_ENV = "TSC_REMOTE"
+#: Environment variable that makes a build's workers fresh interpreters when ``spawn``.
+WORKER_START_ENV = "TSC_WORKER_START"
 
 #: Largest group ``zarr.json`` a reader accepts (it lists every file and skipped source).
 MAX_GROUP_JSON = 64 << 20

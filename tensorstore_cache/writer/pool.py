@@ -1,11 +1,11 @@
 """A build's own pool of worker processes, safe wherever the caller's code runs.
 
-Workers are started from a clean interpreter (:mod:`.procs`: ``fork``
-immediately followed by ``exec``: the caller's process, which may run
-threads, is never forked, and its ``__main__`` never runs again, so a script
-without a main guard, code read from stdin or ``-c`` and a notebook all
-work), as soon as the pool is made: they start while the loader is pickled
-and the first items are computed here. The loader travels once per worker,
+Workers are forked from the caller's process where that is safe (:mod:`.forked`:
+no other Python thread runs there), else started from a clean interpreter
+(:mod:`.procs`: ``fork`` immediately followed by ``exec``); either way the
+caller's ``__main__`` never runs again, so a script without a main guard, code
+read from stdin or ``-c`` and a notebook all work. They start as soon as the
+pool is made: while the loader is pickled and the first items are computed here. The loader travels once per worker,
 through the pool's initializer, pickled with
 cloudpickle: by reference when it can be imported by name, by value
 otherwise (a function of ``__main__`` or of a notebook cell, a lambda, a
@@ -45,6 +45,7 @@ from typing import Any
 
 from ..errors import BuildError
 from ..fs import discard_tree
+from .forked import fork_allowed
 from .frames import loader_frames
 from .pieces import Piece, run_unit
 from .procs import Workers
@@ -234,8 +235,10 @@ class BuildPool:
         self.size = size
         self._assigned = 0  # tasks given a worker of their own so far (see submit)
         self._status_dir = status_dir
-        # the interpreters start first: they import while the loader is pickled here
-        self._executor = Workers(size, {**os.environ, **(env or {}), **worker_environment()})
+        # the workers start first: fresh ones import while the loader is pickled here
+        fork = env is None and setup is None and fork_allowed()
+        self._executor = Workers(size, {**os.environ, **(env or {}), **worker_environment()},
+                                 fork=fork)
         try:
             payload = ship_loader(loader)
             status_dir.mkdir()

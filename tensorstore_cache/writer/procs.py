@@ -1,11 +1,12 @@
-"""Worker processes: fresh interpreters, each fed its tasks through pipes of its own.
+"""Worker processes, each fed its tasks through pipes of its own.
 
-:class:`Workers` is the executor of a build's pool. Each worker is a new
-``python`` (``fork`` immediately followed by ``exec``, as :mod:`subprocess`
-starts it: the building process, which may run threads, is never forked, and
-its ``__main__`` never runs again) that ignores SIGINT from its first
-statement, takes the building process's ``sys.path`` before it imports
-anything, runs the pool's initializer once, says it is ready, and then runs
+:class:`Workers` is the executor of a build's pool. Each worker is forked from
+the building process where its pool says it may (:mod:`.forked`), else it is a
+new ``python`` (``fork`` immediately followed by ``exec``, as :mod:`subprocess`
+starts it: the building process, which may run threads, is not forked) that
+takes the building process's ``sys.path`` before it imports anything. Either
+way its ``__main__`` never runs again, it ignores SIGINT from its first
+statement, runs the pool's initializer once, says it is ready, and then runs
 the tasks it is sent, one at a time. In the building process one thread per
 worker sends it its start, then a task each time it is free (one assigned to
 it first, then any), and settles the task's future with the answer; nothing
@@ -19,8 +20,8 @@ every queued one fail with :class:`WorkerDied`, and the other workers are
 killed (``SIGKILL``), so that an exit code other than ``-SIGKILL`` singles
 out the worker that died first. A worker exits when told to, then without the
 interpreter's final teardown (:mod:`.quick_exit`: its tasks wrote and closed
-what they wrote), or as soon as its pipe from the building process closes
-(that process died). A worker still starting when nothing is left for it to
+what they wrote; a forked one by :func:`os._exit`), or as soon as its pipe
+from the building process closes (that process died). A worker still starting when nothing is left for it to
 do is killed instead of waited for (:meth:`Workers.shutdown`).
 
 Messages are pickles preceded by their length (8 bytes, little-endian).
@@ -35,7 +36,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import BrokenExecutor, Executor, Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from .forked import Forked
 
 __all__ = ["RemoteTraceback", "WorkerDied", "Workers"]
 
@@ -164,6 +170,22 @@ def _unpicklable(answer: tuple[str, Any, str], exc: Exception) -> BaseException:
 # -- in the building process ---------------------------------------------------------
 
 
+def _spawned(task_r: int, answer_w: int, tx: int, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """A worker started as a fresh interpreter, sent its ``sys.path`` and ``sys.argv``."""
+    import marshal
+    import subprocess
+
+    # the interpreter's options (-X, -W, -O...), as multiprocessing passes them on
+    flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    process = subprocess.Popen(
+        [sys.executable, *flags, "-c", BOOT, str(task_r), str(answer_w)],
+        pass_fds=(task_r, answer_w), env=dict(env), stdin=subprocess.DEVNULL,
+    )
+    # its sys.path at once: it imports this module while the builder goes on
+    _send(tx, marshal.dumps(([p or os.getcwd() for p in sys.path], sys.argv)))
+    return process
+
+
 def _answer(data: bytes) -> tuple[str, Any, str]:
     """A worker's answer; one that cannot be unpickled here (an error whose class needs other
     arguments, or cannot be imported) becomes an error that says so."""
@@ -179,21 +201,17 @@ def _answer(data: bytes) -> tuple[str, Any, str]:
 class _Worker:
     """One worker process, its pipes and the thread that feeds it."""
 
-    def __init__(self, owner: Workers, env: Mapping[str, str]) -> None:
-        import marshal
-        import subprocess
-
-        # the interpreter's options (-X, -W, -O...), as multiprocessing passes them on
-        flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    def __init__(self, owner: Workers, env: Mapping[str, str], fork: list[int] | None) -> None:
         task_r, self.tx = os.pipe()
         self.rx, answer_w = os.pipe()
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, *flags, "-c", BOOT, str(task_r), str(answer_w)],
-                pass_fds=(task_r, answer_w), env=dict(env), stdin=subprocess.DEVNULL,
-            )
-            # its sys.path at once: it imports this module while the builder goes on
-            _send(self.tx, marshal.dumps(([p or os.getcwd() for p in sys.path], sys.argv)))
+            if fork is not None:  # this process's ends of the other workers' pipes, and its own
+                from .forked import fork_worker
+
+                self.process: Forked | subprocess.Popen[bytes] = fork_worker(
+                    task_r, answer_w, [*fork, self.tx, self.rx], env, serve_tasks)
+            else:
+                self.process = _spawned(task_r, answer_w, self.tx, env)
         except BaseException:
             self.close()
             raise
@@ -254,9 +272,12 @@ class Workers(Executor):
         Number of worker processes.
     env
         The workers' environment (all of it).
+    fork
+        Fork the workers from this process (:mod:`.forked`: the caller checked that it
+        may) instead of starting fresh interpreters.
     """
 
-    def __init__(self, size: int, env: Mapping[str, str]) -> None:
+    def __init__(self, size: int, env: Mapping[str, str], *, fork: bool = False) -> None:
         self.start_message = b""
         self._lock = threading.Condition()
         self._queue: deque[tuple[Future[Any], bytes]] = deque()
@@ -265,7 +286,8 @@ class Workers(Executor):
         self.workers: list[_Worker] = []
         try:
             for _ in range(size):
-                self.workers.append(_Worker(self, env))
+                ends = [fd for w in self.workers for fd in (w.tx, w.rx)] if fork else None
+                self.workers.append(_Worker(self, env, ends))
         except BaseException:
             self.kill()
             raise

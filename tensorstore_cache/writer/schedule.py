@@ -82,12 +82,22 @@ def run_tasks(
                                     or len(tasks) <= 1 or daemonic()):
         local_first()  # nothing is sent to a pool ahead of it
         local_first = None
-    bar: Any = _NoBar()
-    if progress:  # imported only for a bar: at module level it adds ~0.1 s to every import
-        from tqdm.auto import tqdm
-
-        desc = label if label is not None else f"building {target.name}"
-        bar = tqdm(total=n, unit="item", desc=desc, smoothing=0.1)
+    if executor is None and workers > 1 and len(tasks) > 1 and daemonic():
+        logger.warning(
+            "tensorstore_cache: building %s in this process (workers=1): a daemonic process "
+            "(a DataLoader or multiprocessing pool worker) cannot start worker processes",
+            target.name,
+        )
+        workers = 1
+    # a pool of its own before the bar, whose monitor thread would keep its workers unforked
+    own = (_own_pool(tasks, workers)
+           if executor is None and pool is None and workers > 1 and len(tasks) > 1 else None)
+    try:
+        bar = _progress_bar(progress, n, target, label)
+    except BaseException:
+        if own is not None:
+            own.abort()
+        raise
     try:
         if executor is not None:
             given = executor
@@ -98,13 +108,6 @@ def run_tasks(
 
             return _collect(submit, tasks, bar, pool_size=len(tasks), local=False,
                             broken=_broken_executor)
-        if workers > 1 and len(tasks) > 1 and daemonic():
-            logger.warning(
-                "tensorstore_cache: building %s in this process (workers=1): a daemonic process "
-                "(a DataLoader or multiprocessing pool worker) cannot start worker processes",
-                target.name,
-            )
-            workers = 1
         if workers == 1 or len(tasks) <= 1:
             results: dict[str, ShardResult] = {}
             for task in tasks:
@@ -114,13 +117,10 @@ def run_tasks(
         if pool is not None:  # its owner closes it, or kills it if this fails
             return _collect(pool.submit, tasks, bar, pool_size=pool.size, local=True,
                             broken=pool.explain, first=local_first)
-        size = min(workers - 1, len(tasks) - 1)
-        loader = tasks[0].loader
-        assert loader is not None
-        own = BuildPool(size, loader, Path(tasks[0].root))
+        assert own is not None
         try:
-            results = _collect(own.submit, tasks, bar, pool_size=size, local=True,
-                               broken=own.explain, cut=not isinstance(loader, BatchStage))
+            results = _collect(own.submit, tasks, bar, pool_size=own.size, local=True,
+                               broken=own.explain, cut=not isinstance(tasks[0].loader, BatchStage))
         except BaseException:
             own.abort()
             raise
@@ -128,6 +128,24 @@ def run_tasks(
         return results
     finally:
         bar.close()
+
+
+def _own_pool(tasks: list[ShardTask], workers: int) -> BuildPool:
+    """The pool a build of ``tasks`` by ``workers`` processes starts for itself."""
+    loader = tasks[0].loader
+    assert loader is not None
+    return BuildPool(min(workers - 1, len(tasks) - 1), loader, Path(tasks[0].root))
+
+
+def _progress_bar(progress: bool, n: int, target: Path, label: str | None) -> Any:
+    """The bar of a build of ``n`` items (none unless ``progress``)."""
+    if not progress:
+        return _NoBar()
+    # imported only for a bar: at module level it adds ~0.1 s to every import
+    from tqdm.auto import tqdm
+
+    desc = label if label is not None else f"building {target.name}"
+    return tqdm(total=n, unit="item", desc=desc, smoothing=0.1)
 
 
 def _broken_executor(exc: BaseException, left: list[ShardTask]) -> BaseException:

@@ -13,6 +13,9 @@ and the worker of its pool are both computing, then signals:
   process builds everything cleanly.
 * SIGTERM to the process: it dies, and its workers exit by themselves; the lock is free, nothing is published, and the next
   ``cached()`` builds cleanly and removes the dead build's directory.
+
+Each with the worker forked from the script (which runs no other thread) and, with
+``TSC_WORKER_START=spawn``, started as a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import pytest
 
 import tensorstore_cache as tsc
 from benchmarks.guarantees.interrupts import gone, mid_build
+from tensorstore_cache import config
 from tensorstore_cache.cache.namespace import Namespace
 from tensorstore_cache.fs.locks import ExclusiveLock
 
@@ -49,6 +53,7 @@ import time
 import numpy as np
 
 import tensorstore_cache as tsc
+from tensorstore_cache import config
 from tests.support._clients import LoggedImages
 
 # as in a terminal, even if whoever started us ignores SIGINT
@@ -71,14 +76,15 @@ print("REBUILT", len(store), flush=True)
 
 
 @contextlib.contextmanager
-def _builder(tmp_path: Path, paths: list[str]) -> Iterator[subprocess.Popen[str]]:
+def _builder(tmp_path: Path, paths: list[str], start: str) -> Iterator[subprocess.Popen[str]]:
     listing = tmp_path / "paths.txt"
     listing.write_text("\n".join(paths))
     (tmp_path / "build.py").write_text(
         f"PATHS, CACHE, LOG, OUT = {str(listing)!r}, {str(tmp_path / 'cache')!r}, "
         f"{str(tmp_path / 'calls.log')!r}, {str(tmp_path / 'out.npy')!r}\n" + _BUILDER
     )
-    proc = subprocess.Popen([python(), "build.py"], cwd=tmp_path, env=environment(),
+    env = environment(**({config.WORKER_START_ENV: "spawn"} if start == "spawn" else {}))
+    proc = subprocess.Popen([python(), "build.py"], cwd=tmp_path, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -89,6 +95,13 @@ def _builder(tmp_path: Path, paths: list[str]) -> Iterator[subprocess.Popen[str]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # anything left of its session
         proc.communicate(timeout=GUARD_S)
+
+
+def _check_start(builder: int, workers: set[int], start: str) -> None:
+    """The worker was forked (it runs the script's command line) or is a fresh interpreter."""
+    (worker,) = workers
+    forked = psutil.Process(worker).cmdline() == psutil.Process(builder).cmdline()
+    assert forked is (start == "fork"), psutil.Process(worker).cmdline()
 
 
 def _wait_gone(pids: set[int]) -> None:
@@ -112,12 +125,16 @@ def _assert_left_nothing(tmp_path: Path) -> None:
     assert list(ns.parts_dir.iterdir()) == [], "a temporary directory was left"
 
 
+@pytest.mark.parametrize("start", ["fork", "spawn"])
 @pytest.mark.parametrize("target", ["process", "process-group"])
-def test_sigint_mid_build(tmp_path: Path, client_images: list[str], target: str) -> None:
+def test_sigint_mid_build(
+    tmp_path: Path, client_images: list[str], target: str, start: str
+) -> None:
     log = tmp_path / "calls.log"
-    with _builder(tmp_path, client_images) as proc:
+    with _builder(tmp_path, client_images, start) as proc:
         builder, workers = mid_build(proc, log)
         assert len(workers) == 1, workers
+        _check_start(builder, workers, start)
         if target == "process":
             os.kill(builder, signal.SIGINT)
         else:
@@ -142,11 +159,13 @@ def test_sigint_mid_build(tmp_path: Path, client_images: list[str], target: str)
     assert set(again) == set(client_images) and set(again.values()) == {1}
 
 
-def test_sigterm_mid_build(tmp_path: Path, client_images: list[str]) -> None:
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_sigterm_mid_build(tmp_path: Path, client_images: list[str], start: str) -> None:
     log = tmp_path / "calls.log"
-    with _builder(tmp_path, client_images) as proc:
+    with _builder(tmp_path, client_images, start) as proc:
         builder, workers = mid_build(proc, log)
         assert len(workers) == 1, workers
+        _check_start(builder, workers, start)
         os.kill(builder, signal.SIGTERM)
         assert proc.wait(GUARD_S) == -signal.SIGTERM
         _wait_gone(workers)  # within the hang guard

@@ -10,7 +10,8 @@
 * A worker ignores SIGINT sent to it alone: the build goes on.
 * Reentrancy: a loader, or the module it is imported from, asking for the
   cache being built fails at once with ReentrantBuildError instead of
-  waiting forever for its own builder's lock.
+  waiting forever for its own builder's lock (a fresh worker imports that
+  module again; a forked one holds it already, and the build works).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ctypes
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ import numpy as np
 import pytest
 
 import tensorstore_cache as tsc
+from tensorstore_cache import config
 
 from ..support._clients import (
     AsksForItsOwnCache,
@@ -106,7 +109,10 @@ def test_worker_killed_by_a_signal_names_the_shard_and_the_signal(tmp_path: Path
     assert not [p for p in tmp_path.iterdir() if ".tsc-build-" in p.name]
 
 
-def test_worker_that_cannot_load_the_loader_says_why(tmp_path: Path) -> None:
+def test_worker_that_cannot_load_the_loader_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(config.WORKER_START_ENV, "spawn")  # a forked worker has the module
     module = tmp_path / "mods" / "private_thumbnails.py"
     module.parent.mkdir()
     module.write_text("import numpy as np\n\n\ndef load(key):\n"
@@ -170,8 +176,10 @@ def test_a_worker_ignores_sigint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_loader_asking_for_its_own_cache_fails_at_once(
-    tmp_path: Path, client_images: list[str], workers: int
+    tmp_path: Path, client_images: list[str], workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a fresh worker: a forked one knows the loader builds that cache, as the builder does
+    monkeypatch.setenv(config.WORKER_START_ENV, "spawn")
     cache = str(tmp_path / "cache")
     with pytest.raises(tsc.BuildError) as info:
         tsc.cached(client_images, cache_dir=cache, loader=AsksForItsOwnCache(cache),
@@ -203,8 +211,9 @@ store = tsc.cached(open(PATHS).read().splitlines(), cache_dir=CACHE, loader=load
 '''
 
 
-def test_worker_importing_a_module_that_builds_fails_at_once(
-    tmp_path: Path, client_images: list[str]
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_fresh_worker_importing_a_module_that_builds_fails_at_once(
+    tmp_path: Path, client_images: list[str], start: str
 ) -> None:
     listing = tmp_path / "paths.txt"
     listing.write_text("\n".join(client_images))
@@ -212,13 +221,18 @@ def test_worker_importing_a_module_that_builds_fails_at_once(
         f"PATHS, CACHE = {str(listing)!r}, {str(tmp_path / 'cache')!r}\n" + _MODULE
     )
     (tmp_path / "train.py").write_text("import thumbs\n\nprint(len(thumbs.store))\n")
+    env = environment(**({config.WORKER_START_ENV: "spawn"} if start == "spawn" else {}))
     proc = subprocess.run([python(), "train.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=GUARD_S, env=environment())
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    err = proc.stderr
-    assert "BuildError: the build's worker processes could not load the loader" in err, err
-    assert "ReentrantBuildError: this process" in err and "is a worker of the build of" in err
-    assert "thumbs.py" in err  # the frame of the import that asked for the cache
+                          timeout=GUARD_S, env=env)
+    if start == "fork":  # a forked worker holds the module already, and does not import it
+        assert proc.returncode == 0 and proc.stdout.strip() == "150", proc.stderr
+        shutil.rmtree(tmp_path / "cache")
+    else:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        err = proc.stderr
+        assert "BuildError: the build's worker processes could not load the loader" in err, err
+        assert "ReentrantBuildError: this process" in err and "is a worker of the build of" in err
+        assert "thumbs.py" in err  # the frame of the import that asked for the cache
     # and the same module imported in a script that is run with workers=1 just works
     (tmp_path / "thumbs.py").write_text(
         f"PATHS, CACHE = {str(listing)!r}, {str(tmp_path / 'cache')!r}\n"

@@ -79,7 +79,7 @@ def test_a_worker_that_dies_breaks_the_pool_and_the_others_are_killed() -> None:
         assert pool.join(GUARD_S)
     finally:
         pool.kill()
-    codes = sorted(w.process.returncode for w in pool.workers)
+    codes = sorted(w.process.wait() for w in pool.workers)
     assert codes == [-signal.SIGKILL, 3], codes  # the one that died first stands out
 
 

@@ -3,28 +3,41 @@
 A fresh interpreter costs a worker about a sixth of a second of CPU before its first item
 (starting Python, importing NumPy, Pillow and the package again), time in which the other
 core computes alone. A worker forked from the building process has all of that already:
-it starts in milliseconds. Forking is safe only where no other thread can hold a lock the
-child would need, so a pool forks its workers (:func:`fork_allowed`) only
+it starts in milliseconds. A forked child shares what its parent holds, so a pool forks its
+workers (:func:`fork_allowed`) only
 
 * on Linux (elsewhere: macOS's system libraries are not safe to use after a fork);
 * when the building process runs no Python thread but the one building: no notebook
-  kernel, no thread of the caller's, no metrics or heartbeat thread. The native pools a
-  process may run (NumPy's OpenBLAS, torch's intra-op threads) prepare themselves for a
-  fork (``pthread_atfork``), as every forked ``DataLoader`` worker relies on;
+  kernel, no thread of the caller's, no metrics or heartbeat thread (a thread holding a
+  lock at the fork would leave it held forever in the child);
+* when it holds no open regular file or socket but lock files (:func:`shared_files`): a
+  file read through a shared descriptor has one offset for both processes, a socket one
+  stream, so a zip archive, an HDF5 or SQLite file or a connection opened before the build
+  would give either process the other's bytes;
+* when no GNU OpenMP runtime is loaded but torch's (:func:`foreign_openmp`): one whose
+  threads ran before the fork makes the child's next parallel region wait forever for
+  them. Torch's is tamed in the child, which computes torch on one thread (as a forked
+  ``DataLoader`` worker does); NumPy's OpenBLAS prepares itself for a fork;
 * when torch has not initialized CUDA (a forked child cannot use it);
-* for a pool of the build's own loader (a device worker gets an environment and a set-up of
-  its own, which only a fresh interpreter honours);
+* for a pool without an environment or a set-up of its own (a batch loader's device
+  workers have both, which only a fresh interpreter honours);
 * unless ``$TSC_WORKER_START`` is ``spawn``.
+
+Native threads of other libraries are not seen (OpenCV's pool is one that does not survive a
+fork); ``TSC_WORKER_START=spawn`` is the way out. If the system refuses the fork (memory,
+process limits) the worker starts fresh.
 
 A forked worker is what a fresh one is, but for its start: SIGINT is ignored from its
 first statement (it is blocked across the fork, so a Ctrl-C cannot land in between) and
 every other signal the caller handles in Python gets its default action back (a SIGTERM
-handler that saves a checkpoint is the caller's, not its workers'), its standard input reads
-nothing, it holds no end of another worker's pipes, it takes the
-pool's environment, and it runs :func:`~.procs.serve_tasks`. It leaves by
-:func:`os._exit`, its standard streams flushed: the building process's exit handlers and
-the buffers of its open files, which the child holds copies of, are never run or flushed
-twice (the building process flushes its standard streams before it forks).
+handler that saves a checkpoint is the caller's, not its workers'); its standard input
+reads nothing; it holds no end of another worker's pipes, nor the caller's lock files
+(those locks end with the caller, whatever its workers do); NumPy's global generator gets a
+seed of its own; it takes the pool's environment and runs :func:`~.procs.serve_tasks`. It
+leaves by :func:`os._exit`, its standard streams flushed, as a ``multiprocessing`` child
+forked does: the building process's exit handlers and the buffers of its open files, which
+the child holds copies of, are never run or written twice (the building process flushes
+its standard streams before it forks), and no exit handler runs in it.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from typing import NoReturn
 # not `from .. import config`: a fresh worker has not run the package's __init__ (procs.BOOT)
 from ..config import WORKER_START_ENV
 
-__all__ = ["Forked", "fork_allowed", "fork_worker"]
+__all__ = ["Forked", "foreign_openmp", "fork_allowed", "fork_worker", "shared_files"]
 
 _STARTS = ("", "auto", "spawn")
 
@@ -66,7 +79,54 @@ def fork_allowed() -> bool:
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     initialized = getattr(cuda, "is_initialized", None)
-    return not (callable(initialized) and initialized())
+    if callable(initialized) and initialized():
+        return False
+    return not shared_files() and not foreign_openmp()
+
+
+def shared_files() -> list[str]:
+    """What a forked child would share with this process and could disturb: every regular
+    file and socket open here (past the standard streams) but lock files (a descriptor
+    holding a lock: the build's own, a reader's holds), by name.
+
+    A file read through a shared descriptor has one offset for both processes (a zip
+    archive, an HDF5 or SQLite file opened before the build), a socket one stream (a
+    database or HTTP connection): a fresh worker opens its own.
+    """
+    import stat
+
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return ["/proc/self/fd (unreadable)"]
+    shared = []
+    for name in names:
+        fd = int(name)
+        try:
+            mode = os.fstat(fd).st_mode
+            if fd < 3 or not (stat.S_ISREG(mode) or stat.S_ISSOCK(mode)):
+                continue
+            with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+                if stat.S_ISREG(mode) and any(line.startswith("lock:") for line in info):
+                    continue
+            shared.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+    return shared
+
+
+def foreign_openmp() -> list[str]:
+    """The GNU OpenMP runtimes mapped in this process but torch's, whose thread pools do not
+    survive a fork (a child's next parallel region would wait forever for them); torch's is
+    tamed in the child (one thread, as a forked ``DataLoader`` worker has)."""
+    torch = sys.modules.get("torch")
+    home = os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent") + os.sep
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            found = {line.split(None, 5)[-1].strip() for line in maps if "libgomp" in line}
+    except OSError:
+        return ["/proc/self/maps (unreadable)"]
+    return sorted(path for path in found if not path.startswith(home))
 
 
 class Forked:
@@ -134,10 +194,18 @@ class Forked:
 
 
 def fork_worker(
-    rx: int, tx: int, close: list[int], env: Mapping[str, str], serve: Callable[[int, int], None]
-) -> Forked:
+    rx: int, tx: int, close: list[int], env: Mapping[str, str],
+    serve: Callable[[int, int], None], started: Callable[[Forked], None],
+) -> None:
     """Fork a worker that runs ``serve(rx, tx)`` with environment ``env`` after closing the
-    descriptors ``close`` (the building process's ends of every worker's pipes)."""
+    descriptors ``close`` (the building process's ends of every worker's pipes); its handle
+    goes to ``started`` while SIGINT is still blocked (a Ctrl-C then cannot lose it).
+
+    Raises
+    ------
+    OSError
+        If the system refuses the fork (memory, process limits).
+    """
     import warnings
 
     for stream in (sys.stdout, sys.stderr):  # else the child would write their buffers too
@@ -147,7 +215,9 @@ def fork_worker(
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     # the child's collections then never look at the objects it shares with this process
     # (which would copy their pages)
-    gc.freeze()
+    frozen = gc.get_freeze_count() == 0  # the caller's own freeze is left as it is
+    if frozen:
+        gc.freeze()
     try:
         with warnings.catch_warnings():
             # Python >= 3.12 warns about a fork by a process with threads: the only ones
@@ -156,10 +226,36 @@ def fork_worker(
             pid = os.fork()
         if pid == 0:
             _child(rx, tx, close, env, serve, mask)
+        started(Forked(pid))
     finally:
-        gc.unfreeze()
+        if frozen:
+            gc.unfreeze()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    return Forked(pid)
+
+
+def _lock_files() -> list[int]:
+    """The descriptors through which this process holds a lock on a file."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            with open(f"/proc/self/fdinfo/{name}", encoding="ascii") as info:
+                if any(line.startswith("lock:") for line in info):
+                    out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def _as_fresh() -> None:
+    """What a fresh interpreter would have that a forked child does not: its own random
+    seed for NumPy's global generator (the standard library's ``random`` is reseeded by
+    Python itself), and torch computing on one thread (its OpenMP pool is not the child's)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+    set_threads = getattr(sys.modules.get("torch"), "set_num_threads", None)
+    if callable(set_threads):
+        set_threads(1)
 
 
 def _child(rx: int, tx: int, close: list[int], env: Mapping[str, str],
@@ -176,8 +272,12 @@ def _child(rx: int, tx: int, close: list[int], env: Mapping[str, str],
         for fd in close:
             os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
+        # stdin reads nothing; this process's copies of the lock files' descriptors go (the
+        # caller's locks stay the caller's, and end with it even while a worker lives)
+        for fd in [0, *_lock_files()]:
+            os.dup2(null, fd)
         os.close(null)
+        _as_fresh()
         for name in [n for n in os.environ if n not in env]:
             del os.environ[name]
         os.environ.update({n: v for n, v in env.items() if os.environ.get(n) != v})

@@ -29,6 +29,7 @@ Messages are pickles preceded by their length (8 bytes, little-endian).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -170,20 +171,21 @@ def _unpicklable(answer: tuple[str, Any, str], exc: Exception) -> BaseException:
 # -- in the building process ---------------------------------------------------------
 
 
-def _spawned(task_r: int, answer_w: int, tx: int, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """A worker started as a fresh interpreter, sent its ``sys.path`` and ``sys.argv``."""
+def _spawned(task_r: int, answer_w: int, tx: int, env: Mapping[str, str],
+             started: Callable[[subprocess.Popen[bytes]], None]) -> None:
+    """Start a worker as a fresh interpreter (given to ``started`` at once), and send it its
+    ``sys.path`` and ``sys.argv``."""
     import marshal
     import subprocess
 
     # the interpreter's options (-X, -W, -O...), as multiprocessing passes them on
     flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-    process = subprocess.Popen(
+    started(subprocess.Popen(
         [sys.executable, *flags, "-c", BOOT, str(task_r), str(answer_w)],
         pass_fds=(task_r, answer_w), env=dict(env), stdin=subprocess.DEVNULL,
-    )
+    ))
     # its sys.path at once: it imports this module while the builder goes on
     _send(tx, marshal.dumps(([p or os.getcwd() for p in sys.path], sys.argv)))
-    return process
 
 
 def _answer(data: bytes) -> tuple[str, Any, str]:
@@ -204,20 +206,26 @@ class _Worker:
     def __init__(self, owner: Workers, env: Mapping[str, str], fork: list[int] | None) -> None:
         task_r, self.tx = os.pipe()
         self.rx, answer_w = os.pipe()
+        started: list[Forked | subprocess.Popen[bytes]] = []  # its process, once there is one
         try:
             if fork is not None:  # this process's ends of the other workers' pipes, and its own
                 from .forked import fork_worker
 
-                self.process: Forked | subprocess.Popen[bytes] = fork_worker(
-                    task_r, answer_w, [*fork, self.tx, self.rx], env, serve_tasks)
-            else:
-                self.process = _spawned(task_r, answer_w, self.tx, env)
-        except BaseException:
+                with contextlib.suppress(OSError):  # refused (memory, process limits): fresh
+                    fork_worker(task_r, answer_w, [*fork, self.tx, self.rx], env, serve_tasks,
+                                started.append)
+            if not started:
+                _spawned(task_r, answer_w, self.tx, env, started.append)
+        except BaseException:  # a Ctrl-C, say: nothing of this worker is left behind
+            for process in started:
+                process.kill()
+                process.wait()
             self.close()
             raise
         finally:
             os.close(task_r)
             os.close(answer_w)
+        self.process = started[0]
         self.owner = owner
         #: it ran its initializer and takes tasks; the builder dismissed it while it started
         self.ready = self.dismissed = False

@@ -1,7 +1,8 @@
 """A worker's quick exit: once it has served its build, no interpreter teardown.
 
-A worker of a build's pool (a CPU worker or a device worker) that served its
-build to the end skips the interpreter's final teardown, which the build
+A fresh worker of a build's pool (a CPU worker or a device worker; a forked one
+leaves by :func:`os._exit`, see :mod:`.forked`) that served its build to the end
+skips the interpreter's final teardown, which the build
 would wait for (about a second for a framework such as torch, a tenth of one
 for numpy and Pillow on a loaded machine) (:func:`exit_quickly`): the
 ``atexit`` handlers still run (the loader's, its framework's, logging's),

@@ -121,10 +121,10 @@ def run_tasks(
         try:
             results = _collect(own.submit, tasks, bar, pool_size=own.size, local=True,
                                broken=own.explain, cut=not isinstance(tasks[0].loader, BatchStage))
+            own.close()  # a Ctrl-C while it waits for the workers to exit kills them
         except BaseException:
             own.abort()
             raise
-        own.close()
         return results
     finally:
         bar.close()

@@ -7,8 +7,11 @@ and whether that process holds what the script defined before the build (a globa
 
 * a script that runs no other thread forks its workers, with a progress bar too (its
   thread starts after the pool): they hold it, and they are gone when the build returns;
-* a script whose thread still runs (as a notebook kernel's, or a metrics thread), or run
-  with ``TSC_WORKER_START=spawn``, starts fresh interpreters, which do not;
+* a script whose thread still runs (as a notebook kernel's, or a metrics thread), that
+  holds a file open, or run with ``TSC_WORKER_START=spawn``, starts fresh interpreters,
+  which do not;
+* a script that used torch's threads before the build forks its workers, and they compute
+  torch (on one thread: torch's OpenMP pool is not theirs, and waiting for it would hang);
 * either way the store has the same vectors, each computed once; the script's buffered
   output is printed once and its exit handlers run once (the forked workers neither
   flush the copies they hold nor run them);
@@ -16,15 +19,20 @@ and whether that process holds what the script defined before the build (a globa
   kills a fresh one, and the build fails naming the signal;
 * ``TSC_WORKER_START`` set to anything else fails the build with a message naming it.
 
-The interrupts (Ctrl-C, SIGTERM) of forked and fresh workers are in ``test_interrupts.py``;
-:class:`~tensorstore_cache.writer.forked.Forked`, the forked worker's process handle, is
-tested on a real child here.
+The interrupts (Ctrl-C, SIGTERM) of forked and fresh workers are in ``test_interrupts.py``.
+Here too, in this process: what rules a fork out (threads, CUDA, the variable, open files
+and sockets but lock files, a GNU OpenMP runtime but torch's), and
+:class:`~tensorstore_cache.writer.forked.Forked`, the forked worker's process handle, on a
+real child.
 """
 
 from __future__ import annotations
 
+import fcntl
+import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +43,7 @@ import numpy as np
 import pytest
 
 from tensorstore_cache import config
+from tensorstore_cache.writer import forked
 from tensorstore_cache.writer.forked import Forked, fork_allowed
 
 from ..support._clients import calls, environment, expected, python
@@ -76,6 +85,10 @@ class Marks(LoggedImages):
             if len({pid for pid, _ in calls(MARKS)} - {BUILDER}) >= 2:
                 break
             time.sleep(0.01)
+        if TORCH:  # a product of two matrices, on torch's threads here
+            import torch
+
+            torch.ones(300, 300) @ torch.ones(300, 300)
         if TERM and os.getpid() == BUILDER and not os.path.exists(TERMED):
             open(TERMED, "w").close()  # once: one worker gets SIGTERM from outside
             os.kill(min({pid for pid, _ in calls(MARKS)} - {BUILDER}), signal.SIGTERM)
@@ -85,6 +98,13 @@ class Marks(LoggedImages):
 atexit.register(lambda: log_call(EXITS, "exit handler"))
 if TERM:  # this script's own SIGTERM handler, which its workers must not run
     signal.signal(signal.SIGTERM, lambda *_: log_call(EXITS, "SIGTERM handler"))
+if OPEN:  # a file open in this process, which a forked worker would share
+    held = open(PATHS)
+if TORCH:  # torch's OpenMP threads started here before the build
+    import torch
+
+    torch.set_num_threads(2)
+    torch.ones(1000, 1000) @ torch.ones(1000, 1000)
 if THREAD:
     stop = threading.Event()
     threading.Thread(target=stop.wait, daemon=True).start()
@@ -98,45 +118,70 @@ np.save(OUT, store.stack(paths))
 '''
 
 
-def _build(tmp_path: Path, paths: list[str], thread: bool = False, wait: bool = True,
-           env: dict[str, str] | None = None, progress: bool = False,
-           term: bool = False) -> subprocess.CompletedProcess[str]:
+def _build(tmp_path: Path, paths: list[str], env: dict[str, str] | None = None,
+           **flags: bool) -> subprocess.CompletedProcess[str]:
+    """Run the script; ``flags`` (``thread``, ``wait``, ``progress``, ``term``, ``open``,
+    ``torch``) as it reads them, each false but ``wait`` unless given."""
     listing = tmp_path / "paths.txt"
     listing.write_text("\n".join(paths))
     names = {name: str(tmp_path / f) for name, f in [
         ("PATHS", "paths.txt"), ("CACHE", "cache"), ("LOG", "calls.log"), ("MARKS", "marks.log"),
         ("EXITS", "exits.log"), ("OUT", "out.npy"), ("PID", "builder.pid"),
         ("TERMED", "termed")]}
-    header = "".join(f"{k} = {v!r}\n" for k, v in names.items()) + f"THREAD, WAIT, PROGRESS, TERM = {thread}, {wait}, {progress}, {term}\n"
+    given = {"thread": False, "wait": True, "progress": False, "term": False, "open": False,
+             "torch": False, **flags}
+    header = "".join(f"{k} = {v!r}\n" for k, v in names.items())
+    header += "".join(f"{k.upper()} = {v!r}\n" for k, v in given.items())
     (tmp_path / "build.py").write_text(header + _SCRIPT)
-    return subprocess.run([python(), "build.py"], cwd=tmp_path, env=environment(**{"PYTHONUNBUFFERED": "", **(env or {})}),
+    # unbuffered output would hide a worker writing the script's buffer again
+    env = {"PYTHONUNBUFFERED": "", config.WORKER_START_ENV: "auto", **(env or {})}
+    return subprocess.run([python(), "build.py"], cwd=tmp_path, env=environment(**env),
                           capture_output=True, text=True, timeout=GUARD_S, check=False)
 
 
-@pytest.mark.parametrize(
-    "how", ["no thread", "no thread, a progress bar", "a thread runs", "TSC_WORKER_START=spawn"])
-def test_workers_fork_only_from_a_process_without_threads(
-    tmp_path: Path, client_images: list[str], how: str
-) -> None:
-    env = {config.WORKER_START_ENV: "spawn"} if "spawn" in how else {}
-    done = _build(tmp_path, client_images, thread=how == "a thread runs", env=env,
-                  progress="progress" in how)
-    assert done.returncode == 0, done.stderr
+def _marks(tmp_path: Path) -> tuple[set[str], list[set[str]]]:
+    """What the building process's and each worker's calls saw: ``{"True"}`` where the
+    script's global was there (forked), ``{"False"}`` where not (fresh)."""
     builder = int((tmp_path / "builder.pid").read_text())
     marks: dict[int, set[str]] = {}
     for pid, marked in calls(tmp_path / "marks.log"):
         marks.setdefault(pid, set()).add(marked)
-    workers = set(marks) - {builder}
-    assert len(workers) == 2, marks  # the building process and both workers computed
+    return marks.pop(builder, set()), list(marks.values())
+
+
+@pytest.mark.parametrize("how", ["no thread", "no thread, a progress bar", "a thread runs",
+                                 "a file is open", "TSC_WORKER_START=spawn"])
+def test_workers_fork_only_from_a_process_that_shares_nothing_with_them(
+    tmp_path: Path, client_images: list[str], how: str
+) -> None:
+    env = {config.WORKER_START_ENV: "spawn"} if "spawn" in how else {}
+    done = _build(tmp_path, client_images, env=env, thread=how == "a thread runs",
+                  progress="progress" in how, open=how == "a file is open")
+    assert done.returncode == 0, done.stderr
+    builder, workers = _marks(tmp_path)
+    assert len(workers) == 2, workers  # the building process and both workers computed
     forked = how.startswith("no thread")  # the bar's thread starts after the pool
-    assert marks[builder] == {"True"}
-    assert all(marks[pid] == {str(forked)} for pid in workers), marks
+    assert builder == {"True"}
+    assert all(w == {str(forked)} for w in workers), workers
     # the same vectors, each computed once; no worker left; output and exit handlers once
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected(client_images))
     assert sorted(key for _pid, key in calls(tmp_path / "calls.log")) == sorted(client_images)
     assert done.stdout.split() == ["BUFFERED", "CHILDREN", "0"], done.stdout
     assert [key for _pid, key in calls(tmp_path / "exits.log")] == ["exit handler"]
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_forked_workers_compute_with_torch_after_the_builder_used_its_threads(
+    tmp_path: Path, client_images: list[str]
+) -> None:
+    pytest.importorskip("torch")
+    # torch's OpenMP pool runs here before the fork: a forked worker that used it would wait
+    # forever for threads it does not have; it computes on one thread instead
+    done = _build(tmp_path, client_images, torch=True)
+    assert done.returncode == 0, done.stderr
+    builder, workers = _marks(tmp_path)
+    assert builder == {"True"} and workers == [{"True"}, {"True"}], workers
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected(client_images))
 
 
 def test_a_forked_worker_does_not_run_the_callers_signal_handlers(
@@ -146,6 +191,8 @@ def test_a_forked_worker_does_not_run_the_callers_signal_handlers(
     assert done.returncode == 1
     assert "died by signal 15 (SIGTERM)" in done.stderr, done.stderr
     assert [key for _pid, key in calls(tmp_path / "exits.log")] == ["exit handler"]
+    builder, workers = _marks(tmp_path)
+    assert builder == {"True"} and {"True"} in workers, workers  # it was forked
 
 
 def test_an_unknown_worker_start_fails_the_build_naming_it(
@@ -159,18 +206,21 @@ def test_an_unknown_worker_start_fails_the_build_naming_it(
     assert "CHILDREN" not in done.stdout  # the build failed before a pool started
 
 
-def test_fork_allowed_follows_the_threads_cuda_and_the_variable(
+def test_fork_allowed_follows_the_threads_cuda_files_openmp_and_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(config.WORKER_START_ENV, raising=False)
     monkeypatch.setattr(threading, "active_count", lambda: 1)
-    assert fork_allowed() is (sys.platform == "linux")
+    monkeypatch.setattr(forked, "shared_files", list)
+    monkeypatch.setattr(forked, "foreign_openmp", list)
+    linux = sys.platform == "linux"
+    assert fork_allowed() is linux
     monkeypatch.setattr(threading, "active_count", lambda: 2)  # another thread runs
     assert fork_allowed() is False
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     for value, allowed in [("spawn", False), (" Spawn ", False), ("auto", True), ("", True)]:
         monkeypatch.setenv(config.WORKER_START_ENV, value)
-        assert fork_allowed() is (allowed and sys.platform == "linux"), value
+        assert fork_allowed() is (allowed and linux), value
     monkeypatch.setenv(config.WORKER_START_ENV, "fork")
     with pytest.raises(ValueError, match=r"\$TSC_WORKER_START must be 'auto' or 'spawn'"):
         fork_allowed()
@@ -178,7 +228,49 @@ def test_fork_allowed_follows_the_threads_cuda_and_the_variable(
     for initialized in (True, False):  # a torch that has initialized CUDA, or not
         fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda i=initialized: i))
         monkeypatch.setitem(sys.modules, "torch", fake)
-        assert fork_allowed() is (not initialized and sys.platform == "linux")
+        assert fork_allowed() is (not initialized and linux)
+    monkeypatch.setattr(forked, "shared_files", lambda: ["/data/train.zip"])
+    assert fork_allowed() is False
+    monkeypatch.setattr(forked, "shared_files", list)
+    monkeypatch.setattr(forked, "foreign_openmp", lambda: ["/usr/lib/libgomp.so.1"])
+    assert fork_allowed() is False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self")
+def test_shared_files_are_open_files_and_sockets_but_lock_files(tmp_path: Path) -> None:
+    data, lock = tmp_path / "data.bin", tmp_path / "build.lock"
+    data.write_bytes(b"x")
+    with open(data, "rb") as held, open(lock, "wb") as locking, socket.socket() as sock:
+        fcntl.flock(locking.fileno(), fcntl.LOCK_EX)
+        shared = forked.shared_files()
+        assert str(data) in shared
+        assert str(lock) not in shared  # a lock file: its lock stays the caller's
+        assert any(name.startswith("socket:") for name in shared), shared
+        held.close()
+        assert str(data) not in forked.shared_files()
+    del sock
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self")
+def test_foreign_openmp_names_every_libgomp_but_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = types.SimpleNamespace(__file__="/env/site-packages/torch/__init__.py")
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    maps = [
+        "7f00-7f01 r-xp 00000000 fe:00 1 /env/site-packages/torch/lib/libgomp.so.1\n",
+        "7f02-7f03 r-xp 00000000 fe:00 2 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0\n",
+        "7f04-7f05 r-xp 00000000 fe:00 3 /usr/lib/x86_64-linux-gnu/libc.so.6\n",
+    ]
+    real_open = open
+
+    def fake_open(path: object, *args: object, **kwargs: object) -> object:
+        if path == "/proc/self/maps":
+            return io.StringIO("".join(maps))
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert forked.foreign_openmp() == ["/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0"]
+    maps.pop(1)
+    assert forked.foreign_openmp() == []
 
 
 def test_a_forked_workers_handle_polls_waits_and_kills_a_real_child() -> None:

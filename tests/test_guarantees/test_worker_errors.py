@@ -212,7 +212,7 @@ store = tsc.cached(open(PATHS).read().splitlines(), cache_dir=CACHE, loader=load
 
 
 @pytest.mark.parametrize("start", ["spawn", "fork"])
-def test_a_fresh_worker_importing_a_module_that_builds_fails_at_once(
+def test_a_module_that_builds_at_import_fails_at_once_in_fresh_workers_and_works_forked(
     tmp_path: Path, client_images: list[str], start: str
 ) -> None:
     listing = tmp_path / "paths.txt"

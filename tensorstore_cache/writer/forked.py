@@ -10,10 +10,10 @@ workers (:func:`fork_allowed`) only
 * when the building process runs no Python thread but the one building: no notebook
   kernel, no thread of the caller's, no metrics or heartbeat thread (a thread holding a
   lock at the fork would leave it held forever in the child);
-* when it holds no open regular file or socket but lock files (:func:`shared_files`): a
-  file read through a shared descriptor has one offset for both processes, a socket one
-  stream, so a zip archive, an HDF5 or SQLite file or a connection opened before the build
-  would give either process the other's bytes;
+* when it holds no open regular file or socket but lock files and socket pairs
+  (:func:`shared_files`): a file read through a shared descriptor has one offset for both
+  processes, a socket one stream, so a zip archive, an HDF5 or SQLite file or a connection
+  opened before the build would give either process the other's bytes;
 * when no GNU OpenMP runtime is loaded but torch's (:func:`foreign_openmp`): one whose
   threads ran before the fork makes the child's next parallel region wait forever for
   them. Torch's is tamed in the child, which computes torch on one thread (as a forked
@@ -87,7 +87,8 @@ def fork_allowed() -> bool:
 def shared_files() -> list[str]:
     """What a forked child would share with this process and could disturb: every regular
     file and socket open here (past the standard streams) but lock files (a descriptor
-    holding a lock: the build's own, a reader's holds), by name.
+    holding a lock: the build's own, a reader's holds) and socket pairs (a Unix socket whose
+    peer has no name: a ``multiprocessing`` connection to a related process), by name.
 
     A file read through a shared descriptor has one offset for both processes (a zip
     archive, an HDF5 or SQLite file opened before the build), a socket one stream (a
@@ -106,6 +107,8 @@ def shared_files() -> list[str]:
             mode = os.fstat(fd).st_mode
             if fd < 3 or not (stat.S_ISREG(mode) or stat.S_ISSOCK(mode)):
                 continue
+            if stat.S_ISSOCK(mode) and _socket_pair(fd):
+                continue
             with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
                 if stat.S_ISREG(mode) and any(line.startswith("lock:") for line in info):
                     continue
@@ -113,6 +116,19 @@ def shared_files() -> list[str]:
         except OSError:  # the listing's own descriptor, closed since
             continue
     return shared
+
+
+def _socket_pair(fd: int) -> bool:
+    """Whether ``fd`` is a connected Unix socket whose peer has no name (a socket pair)."""
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    try:
+        return sock.family == socket.AF_UNIX and not sock.getpeername()
+    except OSError:  # not connected (listening, or never): not a pair
+        return False
+    finally:
+        sock.detach()
 
 
 def foreign_openmp() -> list[str]:

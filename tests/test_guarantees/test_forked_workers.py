@@ -237,18 +237,22 @@ def test_fork_allowed_follows_the_threads_cuda_files_openmp_and_the_variable(
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self")
-def test_shared_files_are_open_files_and_sockets_but_lock_files(tmp_path: Path) -> None:
+def test_shared_files_are_open_files_and_sockets_but_lock_files_and_socket_pairs(tmp_path: Path) -> None:
     data, lock = tmp_path / "data.bin", tmp_path / "build.lock"
     data.write_bytes(b"x")
+    pair = socket.socketpair()  # a multiprocessing connection is one: not shared data
     with open(data, "rb") as held, open(lock, "wb") as locking, socket.socket() as sock:
         fcntl.flock(locking.fileno(), fcntl.LOCK_EX)
         shared = forked.shared_files()
         assert str(data) in shared
         assert str(lock) not in shared  # a lock file: its lock stays the caller's
-        assert any(name.startswith("socket:") for name in shared), shared
+        sockets = [name for name in shared if name.startswith("socket:")]
+        assert sockets == [os.readlink(f"/proc/self/fd/{sock.fileno()}")], shared
         held.close()
         assert str(data) not in forked.shared_files()
-    del sock
+        pair[0].fileno()  # still open, never listed
+    for end in pair:
+        end.close()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self")

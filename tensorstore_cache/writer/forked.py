@@ -109,9 +109,8 @@ def shared_files() -> list[str]:
                 continue
             if stat.S_ISSOCK(mode) and _socket_pair(fd):
                 continue
-            with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-                if stat.S_ISREG(mode) and any(line.startswith("lock:") for line in info):
-                    continue
+            if stat.S_ISREG(mode) and _holds_lock(fd):
+                continue
             shared.append(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:  # the listing's own descriptor, closed since
             continue
@@ -249,16 +248,19 @@ def fork_worker(
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+def _holds_lock(fd: int) -> bool:
+    """Whether this process holds a lock (``flock`` or POSIX) on a file through ``fd``."""
+    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+        return any(line.startswith("lock:") for line in info)
+
+
 def _lock_files() -> list[int]:
     """The descriptors through which this process holds a lock on a file."""
     out = []
     for name in os.listdir("/proc/self/fd"):
-        try:
-            with open(f"/proc/self/fdinfo/{name}", encoding="ascii") as info:
-                if any(line.startswith("lock:") for line in info):
-                    out.append(int(name))
-        except OSError:
-            continue
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
+            if _holds_lock(int(name)):
+                out.append(int(name))
     return out
 
 

@@ -5,8 +5,8 @@ no other Python thread runs there), else started from a clean interpreter
 (:mod:`.procs`: ``fork`` immediately followed by ``exec``); either way the
 caller's ``__main__`` never runs again, so a script without a main guard, code
 read from stdin or ``-c`` and a notebook all work. They start as soon as the
-pool is made: while the loader is pickled and the first items are computed here. The loader travels once per worker,
-through the pool's initializer, pickled with
+pool is made: while the loader is pickled and the first items are computed here.
+The loader travels once per worker, through the pool's initializer, pickled with
 cloudpickle: by reference when it can be imported by name, by value
 otherwise (a function of ``__main__`` or of a notebook cell, a lambda, a
 closure, a :func:`functools.partial` of a local function). Each worker

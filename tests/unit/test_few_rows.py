@@ -88,6 +88,25 @@ def test_a_few_rows_out_of_range_are_refused_by_the_first_bad_one(tmp_path: Path
             store.take(np.array([2**64 - 1], np.uint64))
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint64])
+def test_a_batch_of_many_rows_out_of_range_is_refused_by_its_first_bad_row(
+    tmp_path: Path, dtype: type[np.integer[Any]]
+) -> None:
+    root = _tensor_store(tmp_path)
+    many = np.arange(4 * FEW, dtype=dtype) % 300  # more rows than a few: checked by NumPy
+    bad_rows = [300, 2**31 - 1] + ([-1, -(2**31)] if dtype != np.uint64 else [2**64 - 1])
+    if dtype == np.int64:
+        bad_rows += [-(2**63), 2**63 - 1]
+    with tsc.open_store(root) as store:
+        assert len(store.take(many)) == len(many)
+        for bad in bad_rows:
+            for at in (0, len(many) // 2, len(many) - 1):
+                rows = many.copy()
+                rows[at] = bad
+                with pytest.raises(IndexError, match=f"row {bad} is out of range"):
+                    store.take(rows)
+
+
 def test_a_few_rows_with_a_decreasing_offset_are_refused(tmp_path: Path) -> None:
     _paths, root = build_box_store(tmp_path, 300)
     offsets = root / "fields" / "title_ids" / "offsets" / "c" / "0"

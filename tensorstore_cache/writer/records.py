@@ -16,7 +16,7 @@ what was expected and what came:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,9 @@ import numpy.typing as npt
 
 from ..format import Field, Fixed, Ragged, Text, check_name
 
-__all__ = ["Schema", "check_record", "infer_schema", "is_record", "normalize_fields"]
+__all__ = [
+    "Schema", "check_record", "infer_schema", "is_record", "normalize_fields", "record_checker",
+]
 
 Schema = tuple[tuple[str, Field], ...]
 """The fields of a record, in order: ``(name, field)``."""
@@ -137,6 +139,42 @@ def _convert(key: str, name: str, value: object, dtype: str) -> npt.NDArray[Any]
     return out
 
 
+#: A schema's fields as ``(name, dtype, shape, fixed)``, or None where one is text.
+_Plan = tuple[tuple[str, np.dtype[Any], tuple[int | None, ...], bool], ...] | None
+
+
+def _plan(schema: Schema) -> _Plan:
+    """What :func:`_as_declared` compares a record with (None: a text field, which needs the
+    general check)."""
+    if any(isinstance(f, Text) for _n, f in schema):
+        return None
+    return tuple((n, np.dtype(f.dtype), tuple(f.shape), isinstance(f, Fixed)) for n, f in schema)
+
+
+def _as_declared(value: object, plan: _Plan) -> dict[str, Any] | None:
+    """The values of a dict record whose every value is already an array of its field's
+    dtype and shape (what a loader of NumPy values returns), as :func:`check_record` would
+    return them; None for any other record, which the general check then takes."""
+    if plan is None or type(value) is not dict or len(value) != len(plan):
+        return None
+    out: dict[str, Any] = {}
+    for name, dtype, shape, fixed in plan:
+        v = value.get(name)
+        if type(v) is not np.ndarray or v.dtype != dtype:
+            if not (fixed and not shape and isinstance(v, np.generic) and v.dtype == dtype):
+                return None
+            v = np.asarray(v)
+        elif fixed:
+            if v.shape != shape:
+                return None
+        elif v.ndim != len(shape) or any(
+            d is not None and d != s for d, s in zip(shape, v.shape, strict=False)
+        ):
+            return None
+        out[name] = v
+    return out
+
+
 def check_record(
     key: str, value: object, schema: Schema, names: tuple[str, ...] | None = None
 ) -> dict[str, Any]:
@@ -187,6 +225,21 @@ def check_record(
             )
         out[name] = array
     return out
+
+
+def record_checker(
+    schema: Schema, names: tuple[str, ...] | None = None
+) -> Callable[[str, object], dict[str, Any]]:
+    """:func:`check_record` against ``schema``, as ``check(key, value)``, with the common case
+    made cheap: a dict whose every value is an array of its field's dtype and shape is taken
+    as it is, without the general check's conversions (the same values come back)."""
+    plan = _plan(schema)
+
+    def check(key: str, value: object) -> dict[str, Any]:
+        fast = _as_declared(value, plan)
+        return fast if fast is not None else check_record(key, value, schema, names)
+
+    return check
 
 
 def infer_schema(key: str, value: object, names: tuple[str, ...] | None) -> Schema:

@@ -32,7 +32,7 @@ from ..remote import upload_file
 from .assemble import write_shard_file
 from .frames import loader_frames
 from .ragged import ragged_values
-from .records import Schema, check_record
+from .records import Schema, record_checker
 
 __all__ = [
     "BatchStage",
@@ -222,7 +222,7 @@ def checker(task: ShardTask) -> Callable[[str, Any], Any]:
     record against the task's schema, else an item against its dtype and shape."""
     schema = task.schema
     if schema is not None:
-        return lambda key, value: check_record(key, value, schema, task.names)
+        return record_checker(schema, task.names)
     dtype = np.dtype(task.dtype)
     return lambda key, value: check_item(value, dtype, task.item_shape)
 
@@ -241,22 +241,17 @@ def compute(
     ``fn`` is a loader of one key, or the stage of a batched build: the keys not
     computed already go to a device worker in batches.
     """
+    # every source's identity first, before any is read (in one tight loop of stats)
+    identities = [task.computed[i][1] if i in task.computed else
+                  _identity(task, i, key) for i, key in enumerate(task.keys)]
     batched: dict[int, Row] = {}
     if isinstance(fn, BatchStage):
-        identities = [task.computed[i][1] if i in task.computed else
-                      _identity(task, i, key) for i, key in enumerate(task.keys)]
         todo = [i for i in range(len(task.keys)) if i not in task.computed]
         rows = fn.rows([task.keys[i] for i in todo], task.k, check, task.names)
         batched = dict(zip(todo, rows, strict=True))
     for i, key in enumerate(task.keys):
         done = task.computed.get(i)
-        if done is not None:
-            identity = done[1]
-        elif isinstance(fn, BatchStage):
-            identity = identities[i]
-        else:
-            identity = _identity(task, i, key)
-        size, mtime, digest = identity
+        size, mtime, digest = identities[i]
         result.source_size.append(size)
         result.source_mtime_ns.append(mtime)
         result.source_hash.append(digest)

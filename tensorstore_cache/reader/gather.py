@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..format import Fixed, Text
-from .sets import int_bounds
+from .sets import within
 from .view import StoreView
 
 __all__ = ["check_rows", "lengths", "take", "take_field"]
@@ -32,12 +32,7 @@ def check_rows(view: StoreView, rows: npt.ArrayLike) -> npt.NDArray[np.int64]:
     n = len(view)
     if not idx.size:
         return idx.astype(np.int64, copy=False)
-    if idx.dtype == np.int64:  # the usual rows (from rows()): one pass, negatives wrap high
-        bad_rows = int(idx.view(np.uint64).max()) >= n
-    else:  # before a cast to int64 wraps a large unsigned row
-        lo, hi = int_bounds(idx)
-        bad_rows = lo < 0 or hi >= n
-    if bad_rows:
+    if not within(idx, n):
         bad = next(row for row in idx.tolist() if not 0 <= row < n)
         raise IndexError(f"row {bad} is out of range for a store of {n} rows")
     return idx.astype(np.int64, copy=False)

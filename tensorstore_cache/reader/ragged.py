@@ -200,13 +200,22 @@ class RaggedArray(MappedArray):
             raise self._bad("offsets", "an offset decreases or passes the values")
         start: npt.NDArray[np.int64] = first.view("<i8")  # within the values: no sign to lose
         stop: npt.NDArray[np.int64] = last.view("<i8")
-        if self.shapes is not None:
-            sizes = self.shapes[rows].astype(np.int64)
-            if bool(np.any(sizes < 0)) or bool(
-                np.any(self._fixed_elems() * np.prod(sizes, axis=1) != stop - start)
-            ):
-                raise self._bad("shapes", "a row's shape does not hold its values")
+        if self.shapes is not None and not self._shapes_hold(rows, start, stop):
+            raise self._bad("shapes", "a row's shape does not hold its values")
         return start, stop
+
+    def _shapes_hold(self, rows: npt.NDArray[np.int64], start: npt.NDArray[np.int64],
+                     stop: npt.NDArray[np.int64]) -> bool:
+        """Whether each row's stored shape holds its span of values (a few rows in Python:
+        see :data:`~.sets.FEW`)."""
+        assert self.shapes is not None
+        sizes = self.shapes[rows].astype(np.int64)
+        fixed = self._fixed_elems()
+        if len(rows) <= FEW:
+            return all(min(size) >= 0 and fixed * math.prod(size) == b - a for size, a, b
+                       in zip(sizes.tolist(), start.tolist(), stop.tolist(), strict=True))
+        return not (bool(np.any(sizes < 0))
+                    or bool(np.any(fixed * np.prod(sizes, axis=1) != stop - start)))
 
     def _fixed_elems(self) -> int:
         return math.prod(d for d in self.field.shape if d is not None)

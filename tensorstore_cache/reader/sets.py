@@ -1,6 +1,6 @@
 """Integer arrays as the reader's hot paths need them: their distinct values without
-``np.unique``, their bounds without a NumPy reduction when they are few, and their items as
-Python ints without a NumPy call per item.
+``np.unique``, their bounds without a NumPy reduction when they are few (and by one when they
+are many), and their items as Python ints without a NumPy call per item.
 
 ``np.unique`` imports ``numpy.ma`` on its first call (about 15 ms in a fresh process, more
 than opening a store and reading its first record together), so the reader's gathers, whose
@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FEW", "distinct", "int_bounds", "int_items"]
+__all__ = ["FEW", "distinct", "int_bounds", "int_items", "within"]
 
 # below this many values a set of Python ints beats a sort
 _SMALL = 64
@@ -60,6 +60,22 @@ def int_bounds(values: npt.NDArray[np.integer]) -> tuple[int, int]:
         items = values.tolist()
         return min(items), max(items)
     return int(values.min()), int(values.max())
+
+
+def within(values: npt.NDArray[np.integer], n: int) -> bool:
+    """Whether every value of the non-empty 1-d integer array ``values`` is in ``[0, n)``: a
+    few values by Python's ``min`` and ``max``, ``int64`` ones by one NumPy reduction (as
+    unsigned, a negative value is larger than any ``n``), others by two.
+
+    Examples
+    --------
+    >>> within(np.array([3, 0]), 4), within(np.array([-1] * 100), 4)
+    (True, False)
+    """
+    if len(values) > _SMALL and values.dtype == np.int64:
+        return int(values.view(np.uint64).max()) < n
+    lo, hi = int_bounds(values)  # before a cast to int64 wraps a large unsigned value
+    return lo >= 0 and hi < n
 
 
 def int_items(array: npt.NDArray[np.generic], code: Literal["Q", "q"]) -> Sequence[int]:

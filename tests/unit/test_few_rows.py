@@ -3,6 +3,7 @@ vectorised gather of more rows, the same checks, and bounds found without NumPy 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,34 @@ def test_a_few_rows_out_of_range_are_refused_by_the_first_bad_one(tmp_path: Path
             store.take(np.array([2**64 - 1], np.uint64))
 
 
+@pytest.mark.parametrize("kind", ["records", "tensors"])
+def test_a_few_rows_are_checked_and_read_without_a_numpy_reduction(
+    tmp_path: Path, kind: str
+) -> None:
+    # a reduction's first call in a fresh process costs more than a first read of a few rows
+    root = build_box_store(tmp_path, 300)[1] if kind == "records" else _tensor_store(tmp_path)
+    made: list[str] = []
+
+    def profile(_frame: Any, event: str, arg: Any) -> None:
+        if (event == "c_call" and getattr(arg, "__name__", "") in {"max", "min", "reduce"}
+                and isinstance(getattr(arg, "__self__", None), (np.ndarray, np.ufunc))):
+            made.append(arg.__name__)
+
+    with tsc.open_store(root) as store:
+        for rows in (np.array([7]), np.arange(FEW), np.arange(FEW, dtype=np.int32),
+                     np.arange(5 * FEW)):
+            sys.setprofile(profile)
+            try:
+                store.take(rows)
+            finally:
+                sys.setprofile(None)
+            if len(rows) <= FEW:
+                assert made == [], (len(rows), made)
+            else:  # more rows: their bounds by one reduction
+                assert made[:1] == ["max"], made
+            made.clear()
+
+
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint64])
 def test_a_batch_of_many_rows_out_of_range_is_refused_by_its_first_bad_row(
     tmp_path: Path, dtype: type[np.integer[Any]]
@@ -105,6 +134,23 @@ def test_a_batch_of_many_rows_out_of_range_is_refused_by_its_first_bad_row(
                 rows[at] = bad
                 with pytest.raises(IndexError, match=f"row {bad} is out of range"):
                     store.take(rows)
+
+
+@pytest.mark.parametrize("change", [1, -1000])
+def test_a_few_rows_whose_shape_does_not_hold_their_values_are_refused(
+    tmp_path: Path, change: int
+) -> None:
+    _paths, root = build_box_store(tmp_path, 300)
+    shapes = root / "fields" / "pic" / "shapes" / "c" / "0" / "0"
+    raw = bytearray(shapes.read_bytes())
+    sizes = np.frombuffer(raw, "<i4").reshape(300, 2)
+    raw[8 * 10 : 8 * 10 + 4] = int(sizes[10, 0] + change).to_bytes(4, "little", signed=True)
+    shapes.write_bytes(bytes(raw))  # row 10's shape: one more row of pixels, or negative
+    with tsc.open_store(root) as store:
+        for rows in (np.array([10]), np.arange(10, 10 + 2 * FEW)):  # row by row, and vectorised
+            with pytest.raises(CorruptStoreError, match="a row's shape does not hold its values"):
+                store.field("pic").take(rows)
+        assert store.field("pic").take(np.array([11]))[0].shape[0] == 3  # the others read
 
 
 def test_a_few_rows_with_a_decreasing_offset_are_refused(tmp_path: Path) -> None:

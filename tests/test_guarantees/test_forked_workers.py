@@ -17,6 +17,11 @@ and whether that process holds what the script defined before the build (a globa
   flush the copies they hold nor run them);
 * a forked worker does not run the script's own signal handlers: SIGTERM kills it, as it
   kills a fresh one, and the build fails naming the signal;
+* a loader that asks for the cache it fills fails at once, key by key, in forked workers as
+  in fresh ones;
+* the pool's executor itself (``Workers``), run by a script: forked workers run the script's
+  command line and fresh ones do not, and either way tasks run in them, a task's error comes
+  back, a killed worker breaks the executor and no worker outlives it;
 * ``TSC_WORKER_START`` set to anything else fails the build with a message naming it.
 
 The interrupts (Ctrl-C, SIGTERM) of forked and fresh workers are in ``test_interrupts.py``.
@@ -204,6 +209,105 @@ def test_an_unknown_worker_start_fails_the_build_naming_it(
     assert "ValueError: $TSC_WORKER_START must be 'auto' or 'spawn', got 'forkserver'" in (
         done.stderr), done.stderr
     assert "CHILDREN" not in done.stdout  # the build failed before a pool started
+
+
+_REENTRANT = '''
+import os
+
+import tensorstore_cache as tsc
+from tests.support._clients import AsksForItsOwnCache, log_call
+
+
+class Logged(AsksForItsOwnCache):
+    def __call__(self, path):
+        log_call(LOG, path)
+        return super().__call__(path)
+
+
+try:
+    tsc.cached(open(PATHS).read().splitlines(), cache_dir=CACHE, loader=Logged(CACHE),
+               workers=3, progress=False)
+except tsc.BuildError as exc:
+    for _path, reason in exc.failures:
+        print(reason.splitlines()[0])
+'''
+
+
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+def test_a_loader_asking_for_its_own_cache_fails_at_once_in_forked_and_fresh_workers(
+    tmp_path: Path, client_images: list[str], start: str
+) -> None:
+    # a forked worker holds the builder's knowledge that this process builds the cache, a
+    # fresh one learns it from its environment: each key fails at once, none builds again
+    (tmp_path / "paths.txt").write_text("\n".join(client_images))
+    header = "".join(f"{k} = {str(tmp_path / f)!r}\n" for k, f in [
+        ("PATHS", "paths.txt"), ("CACHE", "cache"), ("LOG", "calls.log")])
+    (tmp_path / "build.py").write_text(header + _REENTRANT)
+    done = subprocess.run([python(), "build.py"], cwd=tmp_path, timeout=GUARD_S, check=False,
+                          env=environment(**{config.WORKER_START_ENV: start}),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    reasons = done.stdout.splitlines()
+    assert len(reasons) == len(client_images), done.stdout[-2000:]
+    assert all(r.startswith("ReentrantBuildError: ") for r in reasons), reasons[:3]
+    log = calls(tmp_path / "calls.log")
+    assert sorted(key for _pid, key in log) == sorted(client_images)  # each key once
+    assert len({pid for pid, _key in log}) == 3  # the building process and both workers
+    (ns,) = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    assert not any(".tsc-build-" in p.name for p in (ns / "parts").iterdir())
+
+
+_EXECUTOR = '''
+import json
+import os
+import signal
+import time
+
+import psutil
+
+from tensorstore_cache.writer.procs import WorkerDied, Workers
+
+workers = Workers(2, dict(os.environ), fork=FORK)
+workers.start(os.getpid, ())  # any initializer pickled by reference
+pids = [w.pid for w in workers.workers]
+seen = {workers.submit(os.getpid).result(60) for _ in range(40)}
+error = workers.submit(int, "x").exception(60)
+me = psutil.Process()
+same_command = [psutil.Process(pid).cmdline() == me.cmdline() for pid in pids]
+assert all(psutil.Process(pid).ppid() == os.getpid() for pid in pids)
+os.kill(pids[0], signal.SIGKILL)
+broken, deadline = None, time.monotonic() + 30
+while broken is None and time.monotonic() < deadline:  # the other worker may take tasks
+    try:  # until the executor sees the death
+        workers.submit(os.getpid).result(60)
+    except WorkerDied as exc:
+        broken = str(exc)
+    time.sleep(0.01)
+workers.shutdown()
+print(json.dumps({"seen": sorted(seen), "pids": sorted(pids), "me": os.getpid(),
+                  "error": repr(error), "same_command": same_command, "broken": broken,
+                  "left": len(me.children(recursive=True))}))
+'''
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_the_executor_forks_its_workers_or_starts_fresh_ones_and_runs_tasks_alike(
+    tmp_path: Path, fork: bool
+) -> None:
+    import json
+
+    (tmp_path / "run.py").write_text(f"FORK = {fork!r}\n" + _EXECUTOR)
+    done = subprocess.run([python(), "run.py"], cwd=tmp_path, timeout=GUARD_S, check=False,
+                          env=environment(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert set(got["seen"]) <= set(got["pids"]) and got["me"] not in got["pids"]
+    assert got["seen"], got  # tasks ran in the workers, not here
+    # a forked worker runs this very command line; a fresh one is a new interpreter
+    assert got["same_command"] == [fork, fork], got
+    assert got["error"].startswith("ValueError(") and "invalid literal" in got["error"], got
+    assert got["broken"] is not None and "died" in got["broken"], got  # SIGKILL breaks it
+    assert got["left"] == 0, got  # no worker outlives the executor
 
 
 def test_fork_allowed_follows_the_threads_cuda_files_openmp_and_the_variable(

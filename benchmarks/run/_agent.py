@@ -19,7 +19,8 @@ unique paths, then runs the tasks of its job in this order:
 ``verify``
     write ``column.batch(sample rows)`` to a ``.npy`` file for the driver to compare.
 ``lookups`` / ``batches``
-    single lookups by path / random batches of 256 rows, for a time budget; rates.
+    single lookups by path / random batches of 256 rows, for a time budget; rates (and, for
+    the batches, how much of the files the agent maps lay on huge pages).
 ``dataloader``
     one epoch of a torch DataLoader (``num_workers=2``, batch 256, shuffled).
 
@@ -110,6 +111,20 @@ def _cpu() -> float:
     return total
 
 
+def _file_pmd_mapped_kib() -> int | None:
+    """KiB of files this process maps as whole huge pages (``FilePmdMapped`` in
+    ``/proc/self/smaps_rollup``): how much of a method's data the kernel gave it on 2 MiB
+    pages (None: not Linux)."""
+    try:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("FilePmdMapped:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _oom_score_adj() -> int | None:
     """This process's ``oom_score_adj`` as the kernel has it (None: not Linux)."""
     try:
@@ -184,7 +199,7 @@ def agent_main(job: dict[str, Any], conn: Any) -> None:
             batches = [rng.choice(column.n, size, replace=False) for _ in range(64)]
             stats = _rate(column.batch, batches, budget, job.get("max_batches", 100_000))
             stats["items_per_s"] = stats["per_s"] * size
-            result["batches"] = stats
+            result["batches"] = {**stats, "file_pmd_mapped_kib": _file_pmd_mapped_kib()}
         if "dataloader" in tasks and column.n:
             result["dataloader"] = _dataloader_epoch(column)
         result["after_hold_s"] = time.perf_counter() - t_after_hold

@@ -87,6 +87,8 @@ def batch_rounds(cfg: Config, names: list[str], paths: list[str],
                        if isinstance(cache, tuple) else cache)
                 if got["status"] == "ok":
                     per["items_per_s"].append(got["batches"]["items_per_s"])
+                    per.setdefault("file_pmd_mapped_kib", []).append(
+                        got["batches"].get("file_pmd_mapped_kib"))
                     log(f"{name}: random batches, round {r + 1}/{cfg.batch_rounds}: "
                         f"{got['batches']['items_per_s']:,.0f} items/s")
                 else:
@@ -135,6 +137,13 @@ def markdown(rounds: dict[str, Any] | None) -> list[str]:
         each = ", ".join("-" if x is None or not y else f"{x / y:.3f}"
                          for x, y in zip(a, b, strict=False))
         lines += ["", f"{names[0]} / {names[1]}, each round: {each}."]
+    huge = {name: per["file_pmd_mapped_kib"] for name, per in per_method.items()
+            if any(v is not None for v in per.get("file_pmd_mapped_kib", []))}
+    if huge:
+        lines += ["", "Files mapped on huge pages during the batches (`FilePmdMapped` of the "
+                  "agent, MiB), each round: " + "; ".join(
+                      f"{name} " + ", ".join("-" if v is None else f"{v / 1024:.0f}" for v in vs)
+                      for name, vs in huge.items()) + "."]
     for name, per in per_method.items():
         for text in per.get("failures", []):
             lines.append(f"- {name}, {text}")

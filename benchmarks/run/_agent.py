@@ -113,8 +113,8 @@ def _cpu() -> float:
 
 def _file_pmd_mapped_kib() -> int | None:
     """KiB of files this process maps as whole huge pages (``FilePmdMapped`` in
-    ``/proc/self/smaps_rollup``): how much of a method's data the kernel gave it on 2 MiB
-    pages (None: not Linux)."""
+    ``/proc/self/smaps_rollup``): a method's data files and its libraries, on 2 MiB pages
+    (None: not Linux)."""
     try:
         with open("/proc/self/smaps_rollup", encoding="ascii") as f:
             for line in f:

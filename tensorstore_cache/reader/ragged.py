@@ -214,7 +214,9 @@ class RaggedArray(MappedArray):
         if len(rows) <= FEW:
             return all(min(size) >= 0 and fixed * math.prod(size) == b - a for size, a, b
                        in zip(sizes.tolist(), start.tolist(), stop.tolist(), strict=True))
-        return not (bool(np.any(sizes < 0))
+        # a product past 2**62 holds no span (and would wrap in int64 to one that may match)
+        wide = fixed * np.prod(sizes.astype(np.float64), axis=1)
+        return not (bool(np.any(sizes < 0)) or bool(np.any(wide >= 2.0**62))
                     or bool(np.any(fixed * np.prod(sizes, axis=1) != stop - start)))
 
     def _fixed_elems(self) -> int:

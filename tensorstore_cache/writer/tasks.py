@@ -241,9 +241,11 @@ def compute(
     ``fn`` is a loader of one key, or the stage of a batched build: the keys not
     computed already go to a device worker in batches.
     """
-    # every source's identity first, before any is read (in one tight loop of stats)
+    # every source's identity first, before any is read (in one tight loop of stats); a
+    # content hash just before its read, while the source is in the page cache
+    ahead = isinstance(fn, BatchStage) or task.identity != "content"
     identities = [task.computed[i][1] if i in task.computed else
-                  _identity(task, i, key) for i, key in enumerate(task.keys)]
+                  _identity(task, i, key) if ahead else None for i, key in enumerate(task.keys)]
     batched: dict[int, Row] = {}
     if isinstance(fn, BatchStage):
         todo = [i for i in range(len(task.keys)) if i not in task.computed]
@@ -251,7 +253,7 @@ def compute(
         batched = dict(zip(todo, rows, strict=True))
     for i, key in enumerate(task.keys):
         done = task.computed.get(i)
-        size, mtime, digest = identities[i]
+        size, mtime, digest = identities[i] or _identity(task, i, key)
         result.source_size.append(size)
         result.source_mtime_ns.append(mtime)
         result.source_hash.append(digest)

@@ -213,14 +213,29 @@ def test_an_unknown_worker_start_fails_the_build_naming_it(
 
 _REENTRANT = '''
 import os
+import time
 
 import tensorstore_cache as tsc
-from tests.support._clients import AsksForItsOwnCache, log_call
+from tests.support._clients import AsksForItsOwnCache, calls, log_call
+
+DEFINED_BEFORE_THE_BUILD = True
+BUILDER = os.getpid()
 
 
 class Logged(AsksForItsOwnCache):
+    """Logs each call with whether its process holds this script's global (forked); the
+    building process waits, at its first call, until both workers called (none is left out)."""
+
     def __call__(self, path):
+        import __main__
+
         log_call(LOG, path)
+        log_call(MARKS, str(hasattr(__main__, "DEFINED_BEFORE_THE_BUILD")))
+        deadline = time.monotonic() + 60
+        while os.getpid() == BUILDER and time.monotonic() < deadline:
+            if len({pid for pid, _ in calls(LOG)} - {BUILDER}) >= 2:
+                break
+            time.sleep(0.01)
         return super().__call__(path)
 
 
@@ -241,7 +256,7 @@ def test_a_loader_asking_for_its_own_cache_fails_at_once_in_forked_and_fresh_wor
     # fresh one learns it from its environment: each key fails at once, none builds again
     (tmp_path / "paths.txt").write_text("\n".join(client_images))
     header = "".join(f"{k} = {str(tmp_path / f)!r}\n" for k, f in [
-        ("PATHS", "paths.txt"), ("CACHE", "cache"), ("LOG", "calls.log")])
+        ("PATHS", "paths.txt"), ("CACHE", "cache"), ("LOG", "calls.log"), ("MARKS", "marks.log")])
     (tmp_path / "build.py").write_text(header + _REENTRANT)
     done = subprocess.run([python(), "build.py"], cwd=tmp_path, timeout=GUARD_S, check=False,
                           env=environment(**{config.WORKER_START_ENV: start}),
@@ -253,6 +268,12 @@ def test_a_loader_asking_for_its_own_cache_fails_at_once_in_forked_and_fresh_wor
     log = calls(tmp_path / "calls.log")
     assert sorted(key for _pid, key in log) == sorted(client_images)  # each key once
     assert len({pid for pid, _key in log}) == 3  # the building process and both workers
+    marks: dict[int, set[str]] = {}
+    for pid, marked in calls(tmp_path / "marks.log"):
+        marks.setdefault(pid, set()).add(marked)
+    forked = start == "auto"  # a forked worker holds the script's global, a fresh one not
+    assert sorted(map(sorted, marks.values())) == sorted(
+        [["True"], [str(forked)], [str(forked)]]), marks
     (ns,) = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
     assert not any(".tsc-build-" in p.name for p in (ns / "parts").iterdir())
 

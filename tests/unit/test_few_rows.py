@@ -122,7 +122,7 @@ def test_a_batch_of_many_rows_out_of_range_is_refused_by_its_first_bad_row(
     tmp_path: Path, dtype: type[np.integer[Any]]
 ) -> None:
     root = _tensor_store(tmp_path)
-    many = np.arange(4 * FEW, dtype=dtype) % 300  # more rows than a few: checked by NumPy
+    many = np.arange(5 * FEW, dtype=dtype) % 300  # more than 64 rows: checked by NumPy
     bad_rows = [300, 2**31 - 1] + ([-1, -(2**31)] if dtype != np.uint64 else [2**64 - 1])
     if dtype == np.int64:
         bad_rows += [-(2**63), 2**63 - 1]
@@ -136,21 +136,49 @@ def test_a_batch_of_many_rows_out_of_range_is_refused_by_its_first_bad_row(
                     store.take(rows)
 
 
-@pytest.mark.parametrize("change", [1, -1000])
+@pytest.mark.parametrize("change", [1, -1000, "negated"])
 def test_a_few_rows_whose_shape_does_not_hold_their_values_are_refused(
-    tmp_path: Path, change: int
+    tmp_path: Path, change: int | str
 ) -> None:
     _paths, root = build_box_store(tmp_path, 300)
     shapes = root / "fields" / "pic" / "shapes" / "c" / "0" / "0"
     raw = bytearray(shapes.read_bytes())
-    sizes = np.frombuffer(raw, "<i4").reshape(300, 2)
-    raw[8 * 10 : 8 * 10 + 4] = int(sizes[10, 0] + change).to_bytes(4, "little", signed=True)
-    shapes.write_bytes(bytes(raw))  # row 10's shape: one more row of pixels, or negative
+    sizes = np.frombuffer(raw, "<i4").reshape(300, 2).copy()
+    if change == "negated":  # both sizes negative: their product still holds the values
+        sizes[10] = -sizes[10]
+    else:  # one more row of pixels, or a negative one
+        sizes[10, 0] += change
+    raw[8 * 10 : 8 * 10 + 8] = sizes[10].astype("<i4").tobytes()
+    shapes.write_bytes(bytes(raw))
     with tsc.open_store(root) as store:
         for rows in (np.array([10]), np.arange(10, 10 + 2 * FEW)):  # row by row, and vectorised
             with pytest.raises(CorruptStoreError, match="a row's shape does not hold its values"):
                 store.field("pic").take(rows)
         assert store.field("pic").take(np.array([11]))[0].shape[0] == 3  # the others read
+
+
+def test_a_stored_shape_whose_product_wraps_in_int64_is_refused_by_few_rows_and_many(
+    tmp_path: Path,
+) -> None:
+    # (2**22, 2**21, 2**21) is 2**64 elements: 0 once wrapped, the span of an empty row
+    keys = [f"k{i}" for i in range(40)]
+    root = tmp_path / "vol.tsc"
+    tsc.build_store(keys, root, loader=lambda k: {"vol": np.zeros((int(k[1:]) % 2, 2, 3),
+                                                                  np.uint8)},
+                    loader_id="vol/1", fields={"vol": tsc.Ragged("uint8", (None, None, None))},
+                    identity="none", workers=1, progress=False).close()
+    with tsc.open_store(root) as store:
+        empty = int(store.rows(["k0"])[0])
+    shapes = root / "fields" / "vol" / "shapes" / "c" / "0" / "0"
+    raw = bytearray(shapes.read_bytes())
+    sizes = np.frombuffer(raw, "<i4").reshape(len(keys), 3)
+    assert sizes[empty].tolist() == [0, 2, 3]
+    raw[12 * empty : 12 * empty + 12] = np.array([2**22, 2**21, 2**21], "<i4").tobytes()
+    shapes.write_bytes(bytes(raw))
+    with tsc.open_store(root) as store:
+        for rows in (np.array([empty]), np.arange(len(keys))):  # row by row, and vectorised
+            with pytest.raises(CorruptStoreError, match="a row's shape does not hold its values"):
+                store.field("vol").take(rows)
 
 
 def test_a_few_rows_with_a_decreasing_offset_are_refused(tmp_path: Path) -> None:

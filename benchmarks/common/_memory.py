@@ -40,14 +40,27 @@ def memory_of(pid: int) -> dict[str, int]:
     """
     info = psutil.Process(pid).memory_full_info()
     out = {"uss": int(info.uss), "pss": int(info.pss), "rss": int(info.rss)}
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Anonymous:"):
-                    out["anon"] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    anon = (rollup(pid) or {}).get("Anonymous")
+    if anon is not None:
+        out["anon"] = anon
     return out
+
+
+def rollup(pid: int | str) -> dict[str, int] | None:
+    """Every size of ``/proc/PID/smaps_rollup`` (``pid`` may be ``"self"``) by name, in
+    bytes: a walk of the process's page tables, a few milliseconds for gigabytes (None:
+    unreadable, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
+            fields[parts[0][:-1]] = int(parts[1]) * 1024
+    return fields
 
 
 def sample(pid: int, *, private: bool = False) -> dict[str, int] | None:
@@ -74,16 +87,9 @@ def sample(pid: int, *, private: bool = False) -> dict[str, int] | None:
         if key:
             out[key] = int(line.split()[1]) * 1024
     if private and out:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup", encoding="ascii", errors="replace") as f:
-                rollup = f.read()
-        except OSError:
+        fields = rollup(pid)
+        if fields is None:
             return out
-        fields = {}
-        for line in rollup.splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
-                fields[parts[0][:-1]] = int(parts[1]) * 1024
         out["uss"] = sum(fields.get(k, 0) for k in _PRIVATE_FIELDS)
         if "Pss" in fields:
             out["pss"] = fields["Pss"]

@@ -115,14 +115,10 @@ def _file_pmd_mapped_kib() -> int | None:
     """KiB of files this process maps as whole huge pages (``FilePmdMapped`` in
     ``/proc/self/smaps_rollup``): a method's data files and its libraries, on 2 MiB pages
     (None: not Linux)."""
-    try:
-        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("FilePmdMapped:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+    from benchmarks.common._memory import rollup
+
+    mapped = (rollup("self") or {}).get("FilePmdMapped")
+    return None if mapped is None else mapped // 1024
 
 
 def _oom_score_adj() -> int | None:

@@ -139,6 +139,16 @@ def _convert(key: str, name: str, value: object, dtype: str) -> npt.NDArray[Any]
     return out
 
 
+def _fits(got: tuple[int, ...], declared: tuple[int | None, ...], fixed: bool) -> bool:
+    """Whether a value of shape ``got`` has a field's ``declared`` shape: all of it for a
+    fixed field, its number of dimensions and every size that does not vary (None) for a
+    ragged one."""
+    if fixed:
+        return got == declared
+    return len(got) == len(declared) and all(
+        d is None or d == s for d, s in zip(declared, got, strict=True))
+
+
 #: A schema's fields as ``(name, dtype, shape, fixed)``, or None where one is text.
 _Plan = tuple[tuple[str, np.dtype[Any], tuple[int | None, ...], bool], ...] | None
 
@@ -164,12 +174,7 @@ def _as_declared(value: object, plan: _Plan) -> dict[str, Any] | None:
             if not (fixed and not shape and isinstance(v, np.generic) and v.dtype == dtype):
                 return None
             v = np.asarray(v)
-        elif fixed:
-            if v.shape != shape:
-                return None
-        elif v.ndim != len(shape) or any(
-            d is not None and d != s for d, s in zip(shape, v.shape, strict=False)
-        ):
+        elif not _fits(v.shape, shape, fixed):
             return None
         out[name] = v
     return out
@@ -210,15 +215,13 @@ def check_record(
             continue
         array = _convert(key, name, v, f.dtype)
         if isinstance(f, Fixed):
-            if array.shape != f.shape:
+            if not _fits(array.shape, f.shape, fixed=True):
                 raise ValueError(
                     f"{key!r}: field {name!r} must have shape {f.shape}, the loader returned "
                     f"{array.shape}; if it varies, declare it as tsc.Ragged({f.dtype!r}, "
                     f"shape={tuple(None for _ in array.shape) or (None,)})"
                 )
-        elif array.ndim != len(f.shape) or any(
-            d is not None and d != s for d, s in zip(f.shape, array.shape, strict=False)
-        ):
+        elif not _fits(array.shape, f.shape, fixed=False):
             raise ValueError(
                 f"{key!r}: field {name!r} must have shape {f.shape} (None: any size), the loader "
                 f"returned {array.shape}"

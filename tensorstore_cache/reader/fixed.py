@@ -165,7 +165,7 @@ class FixedArray(MappedArray):
             return
         vrows = self._vrows  # None if mapping found rows out of layout order
         if self._all_mapped and vrows is not None:  # the common case: one gather
-            np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
+            vrows.rows.take(rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
             return
         if len(rows) <= FEW and self._budget is None:  # row by row (see FEW)
             few = rows.tolist()
@@ -184,7 +184,7 @@ class FixedArray(MappedArray):
             self._map_files(distinct(shard_ids))
         vrows = self._vrows  # None if mapping found rows out of layout order
         if vrows is not None:
-            np.take(vrows.rows, rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
+            vrows.rows.take(rows, axis=0, out=out, mode="clip")  # bounds checked by the caller
             return
         # no contiguous view (rows out of layout order, or not Linux): shard by shard
         for k in distinct(shard_ids):
@@ -212,7 +212,7 @@ class FixedArray(MappedArray):
                 vrows = self._vrows
                 if vrows is not None and all(self._vmapped[k] for k in group):
                     if sel is None:
-                        np.take(vrows.rows, rows, axis=0, out=out, mode="clip")
+                        vrows.rows.take(rows, axis=0, out=out, mode="clip")
                     else:
                         out[sel] = np.take(vrows.rows, rows[sel], axis=0, mode="clip")
                     return

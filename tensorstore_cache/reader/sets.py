@@ -73,7 +73,9 @@ def within(values: npt.NDArray[np.integer], n: int) -> bool:
     (True, False)
     """
     if len(values) > _SMALL and values.dtype == np.int64:
-        return int(values.view(np.uint64).max()) < n
+        # argmax, not max: the ufunc machinery's code is cold after a batch's copy
+        unsigned = values.view(np.uint64)
+        return int(unsigned[unsigned.argmax()]) < n
     lo, hi = int_bounds(values)  # before a cast to int64 wraps a large unsigned value
     return lo >= 0 and hi < n
 

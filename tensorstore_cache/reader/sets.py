@@ -1,5 +1,5 @@
 """Integer arrays as the reader's hot paths need them: their distinct values without
-``np.unique``, their bounds without a NumPy reduction when they are few (and by one when they
+``np.unique``, their bounds without a NumPy call when they are few (and by one pass when they
 are many), and their items as Python ints without a NumPy call per item.
 
 ``np.unique`` imports ``numpy.ma`` on its first call (about 15 ms in a fresh process, more
@@ -64,8 +64,10 @@ def int_bounds(values: npt.NDArray[np.integer]) -> tuple[int, int]:
 
 def within(values: npt.NDArray[np.integer], n: int) -> bool:
     """Whether every value of the non-empty 1-d integer array ``values`` is in ``[0, n)``: a
-    few values by Python's ``min`` and ``max``, ``int64`` ones by one NumPy reduction (as
-    unsigned, a negative value is larger than any ``n``), others by two.
+    few values by Python's ``min`` and ``max``, ``int64`` ones by one ``argmax`` of their
+    unsigned view (as unsigned, a negative value is larger than any ``n``; ``argmax`` runs
+    less code than the ufunc machinery of ``max``, which a batch's copy leaves cold), others
+    by two reductions.
 
     Examples
     --------
@@ -73,7 +75,6 @@ def within(values: npt.NDArray[np.integer], n: int) -> bool:
     (True, False)
     """
     if len(values) > _SMALL and values.dtype == np.int64:
-        # argmax, not max: the ufunc machinery's code is cold after a batch's copy
         unsigned = values.view(np.uint64)
         return int(unsigned[unsigned.argmax()]) < n
     lo, hi = int_bounds(values)  # before a cast to int64 wraps a large unsigned value

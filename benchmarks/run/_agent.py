@@ -121,6 +121,12 @@ def _file_pmd_mapped_kib() -> int | None:
     return None if mapped is None else mapped // 1024
 
 
+def _line_offset(batch: Any) -> int | None:
+    """Bytes from the 64-byte cache line on which a batch's data starts (None: not an array)."""
+    interface = getattr(batch, "__array_interface__", None)
+    return None if interface is None else int(interface["data"][0]) % 64
+
+
 def _oom_score_adj() -> int | None:
     """This process's ``oom_score_adj`` as the kernel has it (None: not Linux)."""
     try:
@@ -195,7 +201,12 @@ def agent_main(job: dict[str, Any], conn: Any) -> None:
             batches = [rng.choice(column.n, size, replace=False) for _ in range(64)]
             stats = _rate(column.batch, batches, budget, job.get("max_batches", 100_000))
             stats["items_per_s"] = stats["per_s"] * size
-            result["batches"] = {**stats, "file_pmd_mapped_kib": _file_pmd_mapped_kib()}
+            # where a batch lands once the timed ones have left the heap as they do: its
+            # data's offset from a 64-byte cache line
+            probe = column.batch(batches[0])
+            result["batches"] = {**stats, "file_pmd_mapped_kib": _file_pmd_mapped_kib(),
+                                 "line_offset": _line_offset(probe)}
+            del probe
         if "dataloader" in tasks and column.n:
             result["dataloader"] = _dataloader_epoch(column)
         result["after_hold_s"] = time.perf_counter() - t_after_hold

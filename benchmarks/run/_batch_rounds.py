@@ -89,6 +89,7 @@ def batch_rounds(cfg: Config, names: list[str], paths: list[str],
                     per["items_per_s"].append(got["batches"]["items_per_s"])
                     per.setdefault("file_pmd_mapped_kib", []).append(
                         got["batches"].get("file_pmd_mapped_kib"))
+                    per.setdefault("line_offset", []).append(got["batches"].get("line_offset"))
                     log(f"{name}: random batches, round {r + 1}/{cfg.batch_rounds}: "
                         f"{got['batches']['items_per_s']:,.0f} items/s")
                 else:
@@ -144,7 +145,20 @@ def markdown(rounds: dict[str, Any] | None) -> list[str]:
                   "agent, MiB), each round: " + "; ".join(
                       f"{name} " + ", ".join("-" if v is None else f"{v / 1024:.0f}" for v in vs)
                       for name, vs in huge.items()) + "."]
+    lines += _offsets(per_method)
     for name, per in per_method.items():
         for text in per.get("failures", []):
             lines.append(f"- {name}, {text}")
     return lines
+
+
+def _offsets(per_method: dict[str, Any]) -> list[str]:
+    """The line of where each round's batches started, by method (none if unknown)."""
+    offsets = {name: per["line_offset"] for name, per in per_method.items()
+               if any(v is not None for v in per.get("line_offset", []))}
+    if not offsets:
+        return []
+    return ["", "Where a batch's data starts, in bytes past a 64-byte cache line (a batch made "
+            "after the timed ones), each round: " + "; ".join(
+                f"{name} " + ", ".join("-" if v is None else str(v) for v in vs)
+                for name, vs in offsets.items()) + "."]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
 from benchmarks.common import _report
@@ -183,7 +184,7 @@ def test_batch_rounds_median_is_the_batch_figure_and_the_target_compares_it() ->
 
     results = {n: {"batch_items_per_s": 500_000.0, "rounds": {"1": {"status": "ok"}}}
                for n in _batch_rounds.METHODS}
-    rounds = {"rounds": 3, "orders": [list(_batch_rounds.METHODS)], "methods": {
+    rounds: dict[str, Any] = {"rounds": 3, "orders": [list(_batch_rounds.METHODS)], "methods": {
         "tensorstore_cache": {"items_per_s": [960e3, 940e3, 990e3], "failures": [],
                               "median_items_per_s": 960e3, "min_items_per_s": 940e3,
                               "max_items_per_s": 990e3},
@@ -205,3 +206,19 @@ def test_batch_rounds_median_is_the_batch_figure_and_the_target_compares_it() ->
     assert "| tensorstore_cache | 960k | 940k | 990k | 5% | 960k, 940k, 990k |" in text
     assert "tensorstore_cache / raw_memmap, each round: 0.960, -, 0.990." in text
     assert "- raw_memmap, round 2: error: x" in text
+    assert "cache line" not in text  # no offsets recorded: no line
+    rounds["methods"]["tensorstore_cache"]["line_offset"] = [0, 0, 0]
+    rounds["methods"]["raw_memmap"]["line_offset"] = [48, None, 16]
+    text = "\n".join(_batch_rounds.markdown(rounds))
+    assert ("cache line (a batch made after the timed ones), each round: tensorstore_cache 0, "
+            "0, 0; raw_memmap 48, -, 16.") in text
+
+
+def test_a_batch_line_offset_is_its_datas_distance_from_a_cache_line() -> None:
+    from benchmarks.run._agent import _line_offset
+
+    block = np.zeros(256, np.uint8)
+    start = -block.ctypes.data % 64
+    assert _line_offset(block[start:]) == 0
+    assert _line_offset(block[start + 16:]) == 16
+    assert _line_offset([1, 2]) is None

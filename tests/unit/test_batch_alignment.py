@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import tensorstore_cache as tsc
 from tensorstore_cache.reader.gather import ALIGN_FROM, batch_array
@@ -57,6 +56,7 @@ def test_a_large_batch_of_a_tensor_store_is_aligned_and_holds_its_rows(
         assert batch.flags.c_contiguous and batch.flags.writeable
         expected = np.stack([_row(f"k{r}") for r in idx.tolist()])  # rows follow the keys
         np.testing.assert_array_equal(batch, expected)
+        torch = pytest.importorskip("torch")
         tensor = torch.from_numpy(batch)  # what a loader does with it
         assert tensor.shape == (rows, *ROW) and float(tensor[0, 0, 0, 0]) == float(batch[0, 0, 0, 0])
         batch[:] = 0  # a copy: the store is untouched
